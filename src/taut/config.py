@@ -1,0 +1,283 @@
+"""Typed configuration: one pydantic model per component, YAML recipes, `--set` overrides.
+
+A recipe is a YAML mapping whose top-level keys are the fields of `RunConfig`. Every command
+reads the sections it needs. Unknown or misspelled keys are errors naming the key, the file
+and line where it stands, and the valid keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from taut.length import StrategyConfig
+from taut.length.none import NoneConfig
+from taut.schema import Strict
+
+
+class ConfigError(ValueError):
+    """A recipe or override that does not validate; the message says where and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------
+# components
+# ---------------------------------------------------------------------------------------------
+
+
+class LoraConfig(Strict):
+    r: int = Field(16, gt=0)
+    alpha: int = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class ModelConfig(Strict):
+    """Which model to start from. A plain string is shorthand for `path`."""
+
+    path: str | None = Field(None, description="local directory, run directory, hub id in the local cache, or builtin:<name>")
+    preset: Literal["tiny", "small"] | None = Field(None, description="build a testbed model from a config, random weights")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:1, …")
+    threads: int | None = Field(None, gt=0, description="CPU threads for torch (default: all cores)")
+    lora: LoraConfig | None = None
+    chat_template: Literal["auto", "none"] = Field("auto", description="auto: use the tokenizer's chat template if it has one")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.path is None) == (self.preset is None):
+            raise ValueError("set exactly one of model.path and model.preset")
+        return self
+
+
+class MixtureConfig(Strict):
+    """How testbed SFT traces are written (see docs/testbed.md)."""
+
+    p_direct: float = Field(0.5, ge=0, le=1, description="share of traces that answer without steps, at every level")
+    rounds: list[float] = Field(default_factory=lambda: [0.3, 0.3, 0.4], description="P(0, 1, 2, … post-answer rounds)")
+
+    @field_validator("rounds")
+    @classmethod
+    def _distribution(cls, v: list[float]) -> list[float]:
+        if not v or any(p < 0 for p in v) or abs(sum(v) - 1) > 1e-6:
+            raise ValueError(f"rounds must be probabilities summing to 1, got {v}")
+        return v
+
+
+class DataConfig(Strict):
+    train: list[str] = Field(default_factory=lambda: ["gym:train"], description="tasks RL trains on")
+    eval: list[str] = Field(default_factory=lambda: ["gym:all"], description="tasks evaluated")
+    sft: list[str] = Field(default_factory=lambda: ["gym:all"], description="tasks the SFT cold start covers")
+    levels: list[int] | None = Field(None, description="difficulty levels to use (default: all)")
+    pool_per_level: int = Field(200, gt=0, description="RL prompt pool: train-split problems per domain and level")
+    seed: int = 0
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+
+
+class SFTConfig(Strict):
+    steps: int = Field(2000, ge=0)
+    batch_size: int = Field(64, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_steps: int = Field(30, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decay floor, as a fraction of lr")
+    grad_clip: float = Field(1.0, gt=0)
+    bucket_batches: int = Field(4, gt=0, description="batches drawn together and sorted by length (less padding)")
+    log_every: int = Field(50, gt=0)
+    checkpoint_every: int = Field(500, gt=0)
+
+
+class RLConfig(Strict):
+    steps: int | None = Field(None, ge=0, description="RL steps; default: the sum of the phases' steps (100 without phases)")
+    prompts_per_step: int = Field(16, gt=0)
+    group_size: int = Field(8, ge=2, description="rollouts per prompt (G)")
+    max_new_tokens: int = Field(128, gt=0, description="rollout cap when the strategy sets none")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    lr: float = Field(2e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    adv_norm: Literal["group", "batch", "none"] = Field("group", description="divide advantages by the group std, the batch std, or nothing (Dr. GRPO)")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the phase-start policy; 0 = no reference model")
+    entropy_coef: float = Field(0.0, ge=0)
+    dynamic_sampling: bool = Field(True, description="drop groups whose shaped rewards are all equal; resample to refill")
+    max_sampling_rounds: int = Field(3, ge=1, description="generation rounds per step to refill a dynamic-sampling batch")
+    updates_per_batch: int = Field(1, ge=1, description="optimizer updates per rollout batch (>1 uses old log-probs)")
+    micro_batch_tokens: int = Field(16384, gt=0, description="padded tokens per forward/backward micro-batch")
+    checkpoint_every: int = Field(50, gt=0)
+    keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
+    log_every: int = Field(1, gt=0)
+
+
+class EvalConfig(Strict):
+    tasks: list[str] | None = Field(None, description="default: data.eval")
+    split: Literal["train", "validation", "test"] = "test"
+    n_per_level: int = Field(100, gt=0, description="problems per domain and level (fewer where the split has fewer)")
+    samples: int = Field(4, gt=0, description="samples per problem (accuracy is their mean)")
+    temperature: float = Field(1.0, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, gt=0, description="default: rl.max_new_tokens")
+    budgets: list[int] = Field(default_factory=lambda: [8, 16, 24, 32, 48, 64, 96, 128])
+    batch_size: int = Field(512, gt=0, description="rollouts generated together")
+
+
+class RunConfig(Strict):
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(path="builtin:testbed-sft"))
+    data: DataConfig = Field(default_factory=DataConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    strategy: StrategyConfig = Field(default_factory=NoneConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def rl_steps(self) -> int:
+        return 100 if self.rl.steps is None else self.rl.steps
+
+
+# ---------------------------------------------------------------------------------------------
+# loading, overrides, friendly errors
+# ---------------------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), model: type[BaseModel] = RunConfig) -> BaseModel:
+    """Read a YAML recipe (or start from defaults), apply `key.path=value` overrides, validate."""
+    raw: dict[str, Any] = {}
+    lines: dict[tuple, int] = {}
+    source = str(path) if path else "<defaults>"
+    if path is not None:
+        text = Path(path).read_text()
+        try:
+            raw = yaml.safe_load(text) or {}
+            lines = _key_lines(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source}: not valid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: a recipe must be a mapping of sections, got {type(raw).__name__}")
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_explain(err, model, source, lines, raw)) from None
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Apply one `key.path=value` override in place; the value is parsed as YAML."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key.path=value")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if isinstance(child, str):
+            child = {"path": child}     # the `model: PATH` shorthand, refined by `model.dtype=…`
+        elif not isinstance(child, dict):
+            child = {}
+        node[part] = child
+        node = child
+    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+
+
+def to_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _key_lines(text: str) -> dict[tuple, int]:
+    """Map each key path of a YAML document to its 1-based line number."""
+    out: dict[tuple, int] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                path = prefix + (k.value,)
+                out[path] = k.start_mark.line + 1
+                walk(v, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                out[prefix + (i,)] = v.start_mark.line + 1
+                walk(v, prefix + (i,))
+
+    walk(yaml.compose(text), ())
+    return out
+
+
+def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: dict[tuple, int], raw: dict) -> str:
+    messages = []
+    for e in err.errors():
+        loc = _data_path(e["loc"], raw)
+        where = f"{source}:{lines[loc]}" if loc in lines else source
+        dotted = ".".join(str(p) for p in loc) or "<top level>"
+        if e["type"] == "extra_forbidden":
+            valid = _valid_keys(model, e["loc"][:-1], raw)
+            hint = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            did = f" (did you mean {'.'.join(map(str, loc[:-1] + (hint[0],)))!r}?)" if hint else ""
+            messages.append(f"{where}: unknown key {dotted!r}{did}; valid keys here: {', '.join(valid)}")
+        elif e["type"] == "union_tag_invalid":
+            from taut.length import REGISTRY
+
+            messages.append(f"{where}: unknown strategy {e['input'].get('name')!r} at {dotted!r}; valid strategies: {', '.join(REGISTRY)}")
+        else:
+            messages.append(f"{where}: {dotted}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid configuration:\n  " + "\n  ".join(messages)
+
+
+def _data_path(loc: tuple, raw: dict) -> tuple:
+    """Drop the discriminator tags pydantic inserts into a location (e.g. strategy.<name>.key)."""
+    out, node = [], raw
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, dict):
+            continue   # a union tag, not a key of the data
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+def _valid_keys(model: type[BaseModel], loc: tuple, raw: dict) -> list[str]:
+    """Field names of the model found by following `loc` through nested models."""
+    from taut.length import REGISTRY
+
+    current: Any = model
+    for part in loc:
+        if isinstance(part, str) and part in REGISTRY:
+            current = REGISTRY[part].config
+            continue
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return []
+        current = _model_in(current.model_fields[part].annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside Optional[...] / list[...] / Annotated[...] annotations."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

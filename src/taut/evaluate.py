@@ -1,0 +1,205 @@
+"""Evaluation: accuracy against tokens, per domain and difficulty, in-domain vs held-out.
+
+For every problem, K samples are generated with the same rollout engine as training, graded by
+the task's verifier, and summarised as:
+- accuracy (mean over samples), pass@k (unbiased estimator), verifier errors;
+- response tokens mean / p50 / p90, truncation rate, lengths of correct vs wrong responses;
+- accuracy under token budgets: a response cut at B tokens scores only if its answer was
+  already complete within the first B tokens;
+- on the testbed, from the oracle: redundancy (redundant tokens / tokens), necessary-step
+  coverage, how often the model thinks, how often it writes post-answer rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.table import Table
+
+from taut.config import EvalConfig
+from taut.metrics import histogram, mean, pass_at_k, percentile
+from taut.models import Policy
+from taut.rollout import RolloutEngine, SamplingParams
+from taut.rollout.hf import HFEngine
+from taut.tasks import Problem, Task
+from taut.tasks.base import OracleTask
+
+LENGTH_EDGES = [0, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+
+
+@dataclass
+class Sample:
+    problem_id: str
+    domain: str
+    difficulty: int | None
+    held_out: bool
+    length: int
+    truncated: bool
+    correct: bool
+    verifier_error: bool
+    budget_correct: list[bool]
+    # testbed oracle (None elsewhere)
+    redundant_tokens: int | None = None
+    necessary_length: int | None = None
+    coverage: float | None = None
+    thinks: bool | None = None
+    post_answer_rounds: bool | None = None
+    text: str = field(default="", repr=False)
+
+
+def generate_and_grade(
+    policy: Policy,
+    tasks: list[Task],
+    cfg: EvalConfig,
+    max_new_tokens: int,
+    seed: int = 0,
+    engine: RolloutEngine | None = None,
+    response_prefix: list[int] | None = None,
+    ban_first: list[int] | None = None,
+    problems: list[tuple[Task, Problem]] | None = None,
+) -> list[Sample]:
+    """Sample `cfg.samples` responses per problem and grade them."""
+    engine = engine or HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=cfg.batch_size)
+    if problems is None:
+        problems = [(task, p) for task in tasks for p in task.problems(cfg.split, cfg.n_per_level, seed)]
+    generator = torch.Generator(device=policy.model.device).manual_seed(seed)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+    prompts = [policy.encode_prompt(p.prompt) for _, p in problems]
+    rollouts = engine.generate(prompts, cfg.samples, params, generator, response_prefix=response_prefix, ban_first=ban_first)
+    out = []
+    for row, tokens in enumerate(rollouts.tokens):
+        task, problem = problems[rollouts.prompt_index[row]]
+        out.append(grade(task, problem, policy, tokens, rollouts.truncated[row], cfg.budgets))
+    return out
+
+
+def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], truncated: bool, budgets: list[int]) -> Sample:
+    text = policy.decode(tokens)
+    verdict = task.verify(problem, text, complete=not truncated)
+    budget_correct = []
+    for b in budgets:
+        if len(tokens) <= b:
+            budget_correct.append(verdict.correct)
+        else:
+            budget_correct.append(task.verify(problem, policy.decode(tokens[:b]), complete=False).correct)
+    sample = Sample(
+        problem_id=problem.id, domain=problem.domain, difficulty=problem.difficulty, held_out=problem.held_out,
+        length=len(tokens), truncated=truncated, correct=verdict.correct, verifier_error=verdict.error is not None,
+        budget_correct=budget_correct, text=text,
+    )
+    if isinstance(task, OracleTask):
+        a = task.analyze(problem, text, complete=not truncated)
+        sample.redundant_tokens, sample.necessary_length = a.redundant_tokens, a.necessary_length
+        sample.coverage, sample.thinks, sample.post_answer_rounds = a.coverage, a.thinks, a.post_answer_rounds
+    return sample
+
+
+def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
+    if not samples:
+        return {"n_samples": 0}
+    by_problem: dict[str, list[bool]] = defaultdict(list)
+    for s in samples:
+        by_problem[s.problem_id].append(s.correct)
+    k_max = min(len(v) for v in by_problem.values())
+    lengths = [s.length for s in samples]
+    out: dict[str, Any] = {
+        "n_problems": len(by_problem),
+        "n_samples": len(samples),
+        "accuracy": mean([s.correct for s in samples]),
+        "pass_at_k": {str(k): mean([pass_at_k(len(v), sum(v), k) for v in by_problem.values()])
+                      for k in sorted({1, k_max}) if k <= k_max},
+        "tokens_mean": mean(lengths),
+        "tokens_p50": percentile(lengths, 50),
+        "tokens_p90": percentile(lengths, 90),
+        "truncation_rate": mean([s.truncated for s in samples]),
+        "verifier_errors": sum(s.verifier_error for s in samples),
+        "budget_accuracy": {str(b): mean([s.budget_correct[i] for s in samples]) for i, b in enumerate(budgets)},
+        "correct_tokens_mean": mean([s.length for s in samples if s.correct]),
+        "wrong_tokens_mean": mean([s.length for s in samples if not s.correct]),
+    }
+    oracle = [s for s in samples if s.redundant_tokens is not None]
+    if oracle:
+        covered = [s.coverage for s in oracle if s.coverage is not None]
+        out.update({
+            "redundancy": sum(s.redundant_tokens for s in oracle) / max(1, sum(s.length for s in oracle)),
+            "necessary_tokens_mean": mean([s.necessary_length for s in oracle]),
+            "coverage": mean(covered) if covered else None,
+            "thinks_rate": mean([s.thinks for s in oracle]),
+            "rounds_rate": mean([s.post_answer_rounds for s in oracle]),
+        })
+    return out
+
+
+def report(samples: list[Sample], cfg: EvalConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation JSON: overall, in-domain / held-out, per domain, per domain × difficulty."""
+    budgets = cfg.budgets
+    groups: dict[str, dict[str, list[Sample]]] = {"by_domain": defaultdict(list), "by_level": defaultdict(list), "by_cell": defaultdict(list)}
+    for s in samples:
+        groups["by_domain"][s.domain].append(s)
+        groups["by_level"][str(s.difficulty)].append(s)
+        groups["by_cell"][f"{s.domain}/{s.difficulty}"].append(s)
+    return {
+        **meta,
+        "eval": cfg.model_dump(mode="json"),
+        "overall": summarize(samples, budgets),
+        "in_domain": summarize([s for s in samples if not s.held_out], budgets),
+        "held_out": summarize([s for s in samples if s.held_out], budgets),
+        **{name: {k: summarize(v, budgets) for k, v in sorted(g.items())} for name, g in groups.items()},
+        "length_hist": {
+            "edges": LENGTH_EDGES,
+            "correct": histogram([s.length for s in samples if s.correct], LENGTH_EDGES),
+            "wrong": histogram([s.length for s in samples if not s.correct], LENGTH_EDGES),
+        },
+    }
+
+
+def write_report(result: dict[str, Any], path: Path, samples: list[Sample] | None = None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(finite(result), indent=1))
+    if samples is not None:
+        with open(path.with_suffix(".samples.jsonl"), "w") as f:
+            for s in samples:
+                f.write(json.dumps(asdict(s)) + "\n")
+
+
+def finite(value: Any) -> Any:
+    """The same structure with NaN and infinities replaced by None (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def table(result: dict[str, Any], title: str = "evaluation") -> Table:
+    t = Table(title=title)
+    for col in ("domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "redund.", "thinks", "rounds"):
+        t.add_column(col, justify="right" if col != "domain/level" else "left")
+
+    def row(name, s, style=None):
+        pk = s.get("pass_at_k", {})
+        t.add_row(
+            name, f"{s['accuracy']:.3f}", f"{pk[max(pk, key=int)]:.3f}" if pk else "-", f"{s['tokens_mean']:.1f}",
+            f"{s['tokens_p90']:.0f}", f"{s['truncation_rate']:.2f}", _fmt(s.get("redundancy")), _fmt(s.get("thinks_rate")),
+            _fmt(s.get("rounds_rate")), style=style,
+        )
+
+    for name, s in result["by_cell"].items():
+        row(name, s)
+    for name in ("in_domain", "held_out", "overall"):
+        if result[name].get("n_samples"):
+            row(name.replace("_", "-"), result[name], style="bold")
+    return t
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.2f}"

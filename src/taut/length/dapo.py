@@ -1,0 +1,77 @@
+"""`dapo-overlong` (and presets `dapo-lite`, `dapo-heavy`): DAPO's soft overlong punishment.
+
+Source: DAPO, arXiv 2503.14476, Eq. 13. With L_max the length limit and L_cache the buffer,
+added to the correctness reward of every rollout, correct or not:
+
+    R_len(ℓ) = 0                                      ℓ ≤ L_max − L_cache
+             = ((L_max − L_cache) − ℓ) / L_cache · f   L_max − L_cache < ℓ ≤ L_max
+             = −f                                     ℓ > L_max
+    r_i = 1[correct_i] + R_len(ℓ_i)
+
+f is the penalty factor (1 in the paper). L_max defaults to the rollout cap of the step, so the
+penalty follows a cap that changes; the buffer is given as a fraction of L_max.
+
+The presets are the "global soft penalty" baselines of arXiv 2601.06052, whose settings are not
+public. Our reading: `dapo-lite` a quarter of the cap as buffer at half strength,
+`dapo-heavy` three quarters of the cap at full strength — so the heavy one starts penalising
+well inside the lengths that hard problems need.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.schema import Strict
+
+
+class DapoOverlongConfig(Strict):
+    name: Literal["dapo-overlong"] = "dapo-overlong"
+    buffer_fraction: float = Field(0.25, gt=0, le=1, description="L_cache as a fraction of L_max")
+    penalty_factor: float = Field(1.0, gt=0)
+    max_length: int | None = Field(None, gt=0, description="L_max in tokens; default: the rollout cap")
+
+
+class DapoLiteConfig(DapoOverlongConfig):
+    name: Literal["dapo-lite"] = "dapo-lite"
+    buffer_fraction: float = Field(0.25, gt=0, le=1)
+    penalty_factor: float = Field(0.5, gt=0)
+
+
+class DapoHeavyConfig(DapoOverlongConfig):
+    name: Literal["dapo-heavy"] = "dapo-heavy"
+    buffer_fraction: float = Field(0.75, gt=0, le=1)
+    penalty_factor: float = Field(1.0, gt=0)
+
+
+def overlong_penalty(lengths: Tensor, max_length: int, buffer: float, factor: float) -> Tensor:
+    """R_len of DAPO Eq. 13, elementwise, scaled by `factor`."""
+    length = lengths.float()
+    start = max_length - buffer
+    inside = ((start - length) / buffer).clamp(min=-1.0, max=0.0)
+    return factor * torch.where(length > max_length, torch.full_like(length, -1.0), inside)
+
+
+class DapoOverlong(Strategy):
+    name = "dapo-overlong"
+
+    def __init__(self, config: DapoOverlongConfig):
+        self.config = config
+        self.name = config.name
+
+    def shape(self, batch: GroupBatch) -> Shaped:
+        cfg = self.config
+        max_length = cfg.max_length or batch.cap
+        penalty = overlong_penalty(batch.lengths, max_length, cfg.buffer_fraction * max_length, cfg.penalty_factor)
+        penalised = penalty < 0
+        return Shaped(
+            correctness(batch) + penalty,
+            {
+                "penalised_frac": penalised.float().mean().item(),
+                "penalty_mean": (-penalty[penalised]).mean().item() if penalised.any() else 0.0,
+            },
+        )

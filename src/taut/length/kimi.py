@@ -1,0 +1,50 @@
+"""`kimi`: the group min/max length reward of Kimi k1.5 (arXiv 2501.12599, §2.3.3).
+
+Over the G rollouts of one prompt, with ℓ_min and ℓ_max the shortest and longest:
+
+    λ_i = 0.5 − (ℓ_i − ℓ_min) / (ℓ_max − ℓ_min)        (λ_i = 0 for all when ℓ_max = ℓ_min)
+    len_i = λ_i if correct_i else min(0, λ_i)
+    r_i = 1[correct_i] + w · len_i
+
+The paper does not give the weight w (default here 0.5) nor when its warm-up without the
+penalty ends; run it as a phase after an accuracy phase to get the warm-up. Statistics are
+per prompt group, in tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.schema import Strict
+
+
+class KimiConfig(Strict):
+    name: Literal["kimi"] = "kimi"
+    weight: float = Field(0.5, gt=0, description="weight of the length reward (not given in the paper)")
+
+
+def kimi_length_reward(correct: Tensor, lengths: Tensor) -> Tensor:
+    """len_i of Kimi k1.5, [P, G]."""
+    length = lengths.float()
+    lo = length.amin(dim=1, keepdim=True)
+    hi = length.amax(dim=1, keepdim=True)
+    span = (hi - lo).clamp(min=1e-9)
+    lam = torch.where(hi > lo, 0.5 - (length - lo) / span, torch.zeros_like(length))
+    return torch.where(correct, lam, lam.clamp(max=0.0))
+
+
+class Kimi(Strategy):
+    name = "kimi"
+
+    def __init__(self, config: KimiConfig):
+        self.config = config
+
+    def shape(self, batch: GroupBatch) -> Shaped:
+        bonus = self.config.weight * kimi_length_reward(batch.correct, batch.lengths)
+        return Shaped(correctness(batch) + bonus, {"penalised_frac": (bonus < 0).float().mean().item(),
+                                                   "penalty_mean": (-bonus[bonus < 0]).mean().item() if (bonus < 0).any() else 0.0})

@@ -1,0 +1,1 @@
+"""GRPO-family RL: advantages, losses and the training loop."""

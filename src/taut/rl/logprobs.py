@@ -1,0 +1,73 @@
+"""Per-token log-probabilities of responses under a causal LM, in length-bucketed micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SequenceBatch:
+    """Prompt + response rows, right-padded; response tokens addressed from column 0."""
+
+    input_ids: Tensor        # [N, T]
+    prompt_lens: Tensor      # [N]
+    response_lens: Tensor    # [N]
+    response_ids: Tensor     # [N, Tr] right-padded response tokens
+    mask: Tensor             # [N, Tr] 1 on response tokens
+
+    @classmethod
+    def build(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> "SequenceBatch":
+        n = len(prompts)
+        width = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        r_width = max(1, max(len(r) for r in responses))
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        resp = torch.full((n, r_width), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, r_width))
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            ids[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
+            if r:
+                resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+                mask[i, : len(r)] = 1
+        return cls(ids.to(device), torch.tensor([len(p) for p in prompts], device=device),
+                   torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device))
+
+
+def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log π(y_t | prompt, y_<t) for every response token, [N, Tr]; entropy of each step if asked.
+
+    Right padding needs no attention mask under causal attention: real tokens never attend to
+    the padding after them. Logits are computed only from the shortest prompt's last position on.
+    """
+    first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
+    keep = batch.input_ids.shape[1] - first
+    logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits       # [N, keep, V]
+    offsets = (batch.prompt_lens - 1 - first).unsqueeze(1)                       # [N, 1]
+    cols = torch.arange(batch.response_ids.shape[1], device=logits.device).unsqueeze(0)
+    index = (offsets + cols).clamp(max=keep - 1)                                  # [N, Tr]
+    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()   # [N, Tr, V]
+    logz = picked.logsumexp(dim=-1)                                               # [N, Tr]
+    logp = picked.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logz
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(picked, dim=-1)
+        entropy = logz - (probs * picked).sum(dim=-1)
+    return logp * batch.mask, entropy
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Row indices grouped by similar length, each group with at most `token_budget` padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups, current, longest = [], [], 0
+    for i in order:
+        longest_if = max(longest, lengths[i])
+        if current and longest_if * (len(current) + 1) > token_budget:
+            groups.append(current)
+            current, longest_if = [], lengths[i]
+        current.append(i)
+        longest = longest_if
+    if current:
+        groups.append(current)
+    return groups

@@ -1,0 +1,352 @@
+"""The RL loop: sample prompts → rollouts → grade → length strategy → advantages → update → log.
+
+GRPO with DAPO's defaults (DESIGN §6): G rollouts per prompt at temperature 1, rewards shaped
+by the phase's length strategy, dynamic sampling that drops groups whose *shaped* rewards are
+all equal (so a mastered group with a length penalty stays), group-normalised advantages,
+PPO-clip with decoupled clip-low / clip-high, token-mean aggregation, no KL by default. The
+end-of-sequence token is an action with a log-probability and gets gradient; a truncated
+rollout has none and is flagged.
+
+One update per rollout batch is the default: the policy that sampled is the policy being
+updated, so π_old = π detached and no extra forward pass is needed. With more updates per
+batch, π_old comes from one no-grad forward before the first update.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from taut.checkpoint import latest_checkpoint, load_generators, load_optimizer, read_state, remove_partial, save_checkpoint
+from taut.config import RunConfig, to_yaml
+from taut.length import GroupBatch, Strategy, build_strategy
+from taut.metrics import mean, percentile
+from taut.models import Policy, load_policy
+from taut.rl.advantages import group_advantages
+from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs
+from taut.rl.losses import aggregation_weights, clipped_policy_loss, sft_loss
+from taut.rollout import SamplingParams
+from taut.rollout.hf import HFEngine
+from taut.runlog import MetricsLog, StepProgress, console
+from taut.tasks import Problem, Task, load_task
+from taut.tasks.base import OracleTask
+
+
+# ---------------------------------------------------------------------------------------------
+# data: a fixed pool of training prompts, drawn in shuffled epochs
+# ---------------------------------------------------------------------------------------------
+
+
+class PromptPool:
+    """Training problems visited in epochs, each epoch in a fresh order seeded by (seed, epoch)."""
+
+    def __init__(self, items: list[tuple[Task, Problem]], seed: int):
+        if not items:
+            raise ValueError("the RL prompt pool is empty: check data.train and data.levels")
+        self.items = items
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._shuffle(0)
+
+    def _shuffle(self, epoch: int) -> list[int]:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.items)).tolist()
+
+    def next(self, n: int) -> list[tuple[Task, Problem]]:
+        out = []
+        for _ in range(n):
+            if self.position == len(self.items):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._shuffle(self.epoch)
+            out.append(self.items[self._order[self.position]])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._shuffle(self.epoch)
+
+
+def build_pool(config: RunConfig) -> PromptPool:
+    items = []
+    for spec in config.data.train:
+        task = load_task(spec, config.data.levels)
+        items += [(task, p) for p in task.problems("train", config.data.pool_per_level, config.data.seed) if not p.held_out]
+    return PromptPool(items, config.seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# one step's rollouts
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutBatch:
+    """The groups kept for the update (all with G rollouts), plus stats over everything sampled."""
+
+    prompts: list[list[int]] = field(default_factory=list)      # [K*G] prompt ids per rollout
+    responses: list[list[int]] = field(default_factory=list)    # [K*G]
+    rewards: list[torch.Tensor] = field(default_factory=list)   # K tensors [G]
+    sampled: dict[str, list] = field(default_factory=lambda: {"correct": [], "length": [], "truncated": [], "redundancy": [], "thinks": []})
+    strategy_metrics: dict[str, float] = field(default_factory=dict)
+    groups_sampled: int = 0
+    rounds: int = 0
+    generated_tokens: int = 0
+    gen_time: float = 0.0
+    reward_time: float = 0.0
+
+
+def collect(policy: Policy, engine: HFEngine, pool: PromptPool, strategy: Strategy, cfg, *, step: int, cap: int,
+            generator: torch.Generator, np_rng: np.random.Generator) -> RolloutBatch:
+    """Generate, grade and shape; with dynamic sampling, drop equal-reward groups and resample."""
+    G, P = cfg.group_size, cfg.prompts_per_step
+    out = RolloutBatch()
+    params = SamplingParams(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p)
+    while out.rounds < cfg.max_sampling_rounds and len(out.rewards) < P:
+        out.rounds += 1
+        items = pool.next(P)
+        budgets = [strategy.budget(np_rng) for _ in items]
+        problems = [p if b is None else task.with_budget(p, b) for (task, p), b in zip(items, budgets)]
+        prompt_ids = [policy.encode_prompt(p.prompt) for p in problems]
+
+        t0 = time.perf_counter()
+        rollouts = engine.generate(prompt_ids, G, params, generator)
+        out.gen_time += time.perf_counter() - t0
+        out.generated_tokens += sum(rollouts.lengths)
+
+        t0 = time.perf_counter()
+        correct = []
+        for row, tokens in enumerate(rollouts.tokens):
+            task, problem = items[rollouts.prompt_index[row]][0], problems[rollouts.prompt_index[row]]
+            text = policy.decode(tokens)
+            complete = not rollouts.truncated[row]
+            correct.append(task.verify(problem, text, complete).correct)
+            if isinstance(task, OracleTask):
+                analysis = task.analyze(problem, text, complete)
+                out.sampled["redundancy"].append(analysis.redundant_tokens / max(1, analysis.length))
+                out.sampled["thinks"].append(analysis.thinks)
+        batch = GroupBatch.from_flat(
+            [p.id for p in problems for _ in range(G)], correct, rollouts.lengths, rollouts.truncated,
+            step=step, cap=cap, budgets=None if budgets[0] is None else [b for b in budgets for _ in range(G)],
+        )
+        shaped = strategy.shape(batch)
+        out.reward_time += time.perf_counter() - t0
+        if out.rounds == 1:
+            out.strategy_metrics = shaped.metrics
+        out.sampled["correct"] += correct
+        out.sampled["length"] += rollouts.lengths
+        out.sampled["truncated"] += rollouts.truncated
+        out.groups_sampled += len(items)
+
+        spread = shaped.rewards.amax(dim=1) - shaped.rewards.amin(dim=1)          # [P]
+        for g in range(len(items)):
+            if len(out.rewards) == P or (cfg.dynamic_sampling and spread[g] <= 1e-9):
+                continue
+            out.rewards.append(shaped.rewards[g])
+            out.prompts += [prompt_ids[g]] * G
+            out.responses += rollouts.tokens[g * G : (g + 1) * G]
+        if not cfg.dynamic_sampling:
+            break
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the update
+# ---------------------------------------------------------------------------------------------
+
+
+LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped")
+
+
+def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, cfg, *, cap: int,
+           reference=None) -> dict[str, float]:
+    """One or more optimizer updates on the kept groups; returns loss metrics."""
+    model = policy.model
+    rewards = torch.stack(batch.rewards)                                          # [K, G]
+    advantages = group_advantages(rewards, cfg.adv_norm).flatten()               # [K*G]
+    lengths = torch.tensor([len(r) for r in batch.responses])
+    sft = strategy.objective == "sft"
+    if sft:                                   # on-policy SFT: cross-entropy on the kept rollouts only
+        rows = rewards.flatten().nonzero().squeeze(-1).tolist()
+        weights_all = torch.zeros(len(lengths))
+        if rows:
+            weights_all[rows] = aggregation_weights(lengths[rows], "token-mean")
+    else:                                     # rows with zero advantage add nothing without KL/entropy terms
+        weights_all = aggregation_weights(lengths, cfg.loss_agg, norm_length=cap)
+        extra_terms = cfg.kl_coef > 0 or cfg.entropy_coef > 0
+        rows = [i for i in range(len(lengths)) if extra_terms or advantages[i] != 0]
+    if not rows:                              # every advantage is zero: nothing to learn from this batch
+        return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0}
+
+    chunks = [[rows[j] for j in mb] for mb in micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in rows], cfg.micro_batch_tokens)]
+    sequences = {tuple(c): SequenceBatch.build([batch.prompts[i] for i in c], [batch.responses[i] for i in c], policy.pad_id, model.device)
+                 for c in chunks}
+    old_logp = {}
+    if cfg.updates_per_batch > 1 and not sft:
+        with torch.no_grad():
+            old_logp = {key: response_logprobs(model, seq)[0] for key, seq in sequences.items()}
+
+    stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0}
+    grad_norms, skipped = [], 0
+    for _ in range(cfg.updates_per_batch):
+        optimizer.zero_grad(set_to_none=True)
+        for key, seq in sequences.items():
+            idx = torch.tensor(key)
+            logp, entropy = response_logprobs(model, seq, with_entropy=True)          # [n, Tr]
+            weights = weights_all[idx].to(logp.device)
+            if sft:
+                loss = sft_loss(logp, seq.mask, weights)
+            else:
+                ref_logp = None
+                if reference is not None:
+                    with torch.no_grad():
+                        ref_logp = response_logprobs(reference, seq)[0]
+                terms = clipped_policy_loss(
+                    logp, old_logp.get(key, logp.detach()), advantages[idx].to(logp.device), seq.mask, weights,
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp, kl_coef=cfg.kl_coef,
+                    entropy=entropy, entropy_coef=cfg.entropy_coef,
+                )
+                loss = terms.loss
+                stats["clip_low"] += float(terms.clipped_low.sum())
+                stats["clip_high"] += float(terms.clipped_high.sum())
+                stats["kl_sum"] += float((terms.kl * seq.mask).sum())
+            loss.backward()
+            stats["loss"] += loss.item()
+            stats["entropy_sum"] += float((entropy.detach() * seq.mask).sum())
+            stats["tokens"] += float(seq.mask.sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if not torch.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)     # a non-finite step is skipped and counted
+            skipped += 1
+            continue
+        grad_norms.append(grad_norm.item())
+        optimizer.step()
+    tokens = max(1.0, stats["tokens"])
+    return {
+        "loss": stats["loss"] / cfg.updates_per_batch,
+        "grad_norm": mean(grad_norms) if grad_norms else float("nan"),
+        "entropy": stats["entropy_sum"] / tokens,
+        "kl": stats["kl_sum"] / tokens,
+        "clip_low_frac": stats["clip_low"] / tokens,
+        "clip_high_frac": stats["clip_high"] / tokens,
+        "skipped": float(skipped),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = config.rl
+    total = config.rl_steps()
+
+    # ---- policy, optimizer, strategy, data (fresh or from the latest checkpoint) -------------
+    start, ckpt = 0, latest_checkpoint(run_dir) if resume else None
+    if resume and ckpt is None:
+        console.print(f"[yellow]no checkpoint in {run_dir} yet: starting from the beginning[/yellow]")
+    if ckpt is not None:
+        remove_partial(run_dir)
+        state = read_state(ckpt)
+        start = state["step"]
+        policy = load_policy(config.model.model_copy(update={"path": str(ckpt), "preset": None, "lora": None}))
+    else:
+        (run_dir / "config.yaml").write_text(to_yaml(config))
+        policy = load_policy(config.model, seed=config.seed)
+    model = policy.model
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    strategy = build_strategy(config.strategy)
+    pool = build_pool(config)
+    generator = torch.Generator(device=model.device).manual_seed(config.seed)
+    np_rng = np.random.default_rng(config.seed)
+    if ckpt is not None:
+        load_optimizer(optimizer, ckpt)
+        load_generators(ckpt, {"sampling": generator})
+        pool.load_state_dict(state["pool"])
+        strategy.load_state_dict(state["strategy"])
+        np_rng.bit_generator.state = state["np_rng"]
+    engine = HFEngine(model, policy.eos_id, policy.pad_id)
+    reference = None
+    if cfg.kl_coef > 0:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if ckpt is not None else None)
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(run_dir, step, policy, {
+            "kind": "rl", "pool": pool.state_dict(), "strategy": strategy.state_dict(),
+            "np_rng": np_rng.bit_generator.state,
+        }, optimizer, {"sampling": generator})
+
+    if start == 0:
+        checkpoint(0)                         # the starting point, so every run can be compared to it
+
+    with StepProgress(total, f"rl {config.strategy.name}", quiet, start) as progress:
+        for step in range(start, total):
+            t_step = time.perf_counter()
+            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            cap = strategy.cap(step, cfg.max_new_tokens)
+
+            # ---- rollouts, grades, shaped rewards ------------------------------------------
+            batch = collect(policy, engine, pool, strategy, cfg, step=step, cap=cap, generator=generator, np_rng=np_rng)
+
+            # ---- update ----------------------------------------------------------------------
+            t_update = time.perf_counter()
+            losses = (update(policy, optimizer, batch, strategy, cfg, cap=cap, reference=reference) if batch.rewards
+                      else dict.fromkeys(LOSS_METRICS, None) | {"skipped": 0.0})
+            engine.sync_weights()
+            t_update = time.perf_counter() - t_update
+
+            # ---- log -------------------------------------------------------------------------
+            done = step + 1
+            lengths = batch.sampled["length"]
+            record = {
+                "step": done, "strategy": config.strategy.name, "cap": cap, "lr": lr,
+                "reward": float(torch.stack(batch.rewards).mean()) if batch.rewards else None,
+                "accuracy": mean(batch.sampled["correct"]),
+                "length_mean": mean(lengths), "length_p50": percentile(lengths, 50),
+                "length_p90": percentile(lengths, 90), "length_max": max(lengths),
+                "truncation_rate": mean(batch.sampled["truncated"]),
+                "groups_kept": len(batch.rewards), "groups_sampled": batch.groups_sampled, "sampling_rounds": batch.rounds,
+                **({"redundancy": mean(batch.sampled["redundancy"]), "thinks_rate": mean(batch.sampled["thinks"])}
+                   if batch.sampled["redundancy"] else {}),
+                **batch.strategy_metrics, **losses,
+                "step_time": time.perf_counter() - t_step, "gen_time": batch.gen_time, "update_time": t_update,
+                "reward_time": batch.reward_time, "rollout_tokens_per_s": batch.generated_tokens / max(batch.gen_time, 1e-9),
+            }
+            if done % cfg.log_every == 0 or done == total:
+                log.write(record)
+            progress.update(done, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"])
+            if done % cfg.checkpoint_every == 0 or done == total:
+                checkpoint(done)
+                _prune(run_dir, cfg.keep_checkpoints)
+    final = latest_checkpoint(run_dir)
+    if not quiet:
+        console.print(f"rl: {total} steps, checkpoint [bold]{final}[/bold]")
+    return final
+
+
+def _prune(run_dir: Path, keep: int | None) -> None:
+    """Keep the starting checkpoint and the newest `keep` ones."""
+    import shutil
+
+    from taut.checkpoint import list_checkpoints
+
+    if keep is None:
+        return
+    found = list_checkpoints(run_dir)
+    for path in found[1:-keep]:
+        shutil.rmtree(path)

@@ -1,0 +1,117 @@
+"""Batched sampling for any Hugging Face causal LM, with the KV cache managed here.
+
+- Each distinct prompt is prefilled once; its cache and last logits are then repeated for the
+  n samples of its group (`prefill of shared prompts once per group`).
+- Rows that emitted `<eos>` are dropped from the batch (the cache rows are compacted) as soon
+  as enough of them have finished, so late steps run on the unfinished rows only.
+- Lengths are counted in tokens; a row that reaches the cap without `<eos>` is truncated.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from taut.rollout import Rollouts, SamplingParams
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Next tokens [R] from logits [R, V]: greedy at temperature 0, else (nucleus) sampling."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p   # keep the first token always
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class HFEngine:
+    """Sampling from a `PreTrainedModel` with a `DynamicCache` that taut prefills and compacts."""
+
+    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_rows: int = 1024, compact_fraction: float = 0.125):
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.max_rows = max_rows                  # rows generated together; more prompts are chunked
+        self.compact_fraction = compact_fraction  # compact when this share of the batch has finished
+
+    def sync_weights(self) -> None:
+        """The engine samples from the training model itself: nothing to sync."""
+
+    def generate(self, prompts, n, params, generator=None, response_prefix=None, ban_first=None) -> Rollouts:
+        per_chunk = max(1, self.max_rows // n)
+        out = Rollouts([], [], [])
+        for start in range(0, len(prompts), per_chunk):
+            chunk = self._generate(prompts[start : start + per_chunk], n, params, generator, response_prefix or [], ban_first)
+            out.prompt_index += [start + i for i in chunk.prompt_index]
+            out.tokens += chunk.tokens
+            out.truncated += chunk.truncated
+        return out
+
+    @torch.inference_mode()
+    def _generate(self, prompts, n, params, generator, prefix, ban_first) -> Rollouts:
+        model = self.model
+        device = model.device
+        was_training = model.training
+        model.eval()
+        try:
+            seqs = [list(p) + list(prefix) for p in prompts]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for i, s in enumerate(seqs):                      # left padding
+                ids[i, width - len(s):] = torch.tensor(s)
+                mask[i, width - len(s):] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            position = (mask.cumsum(-1) - 1).clamp(min=0)     # [P, W]
+
+            # ---- prefill each distinct prompt once, then repeat for its n samples ----------
+            cache = DynamicCache(config=model.config)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position, cache=cache,
+                           use_cache=True, logits_to_keep=1).logits[:, -1]          # [P, V]
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+                logits = logits.repeat_interleave(n, dim=0)
+                mask = mask.repeat_interleave(n, dim=0)
+            rows = logits.shape[0]
+            next_pos = mask.sum(-1)                            # [R] position of the next token
+            if ban_first:
+                logits[:, ban_first] = float("-inf")
+
+            # ---- decode, dropping finished rows ------------------------------------------
+            tokens = torch.full((rows, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+            length = torch.zeros(rows, dtype=torch.long, device=device)
+            ended = torch.zeros(rows, dtype=torch.bool, device=device)
+            active = torch.arange(rows, device=device)          # [A] row of each batch position
+            for t in range(params.max_new_tokens):
+                live = ~ended[active]                           # [A] positions still writing
+                nxt = sample_next(logits, params, generator)     # [A]
+                rows_live = active[live]
+                tokens[rows_live, t] = nxt[live]
+                length[rows_live] += 1
+                ended[rows_live] |= nxt[live] == self.eos_id
+                if bool(ended.all()) or t == params.max_new_tokens - 1:
+                    break
+                still = ~ended[active]
+                if (~still).sum() >= max(1, int(self.compact_fraction * active.numel())):
+                    keep = still.nonzero().squeeze(-1)
+                    cache.batch_select_indices(keep)
+                    active, mask, nxt, next_pos = active[keep], mask[keep], nxt[keep], next_pos[keep]
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                logits = model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
+                               cache=cache, use_cache=True).logits[:, -1]
+                next_pos = next_pos + 1
+        finally:
+            model.train(was_training)
+
+        lengths = length.tolist()
+        token_rows = tokens.tolist()
+        ended_list = ended.tolist()
+        return Rollouts(
+            prompt_index=[r // n for r in range(rows)],
+            tokens=[list(prefix) + token_rows[r][: lengths[r]] for r in range(rows)],
+            truncated=[not e for e in ended_list],
+        )

@@ -1,0 +1,135 @@
+"""Supervised cold start: cross-entropy on prompt + response, loss on response tokens only.
+
+Batches are drawn fresh from the task's SFT examples, seeded by (seed, step), so a resumed run
+sees exactly the batches it would have seen. Every `bucket_batches` batches are drawn together,
+sorted by length and split, which cuts padding roughly in half.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from taut.checkpoint import latest_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
+from taut.config import RunConfig, to_yaml
+from taut.models import Policy, load_policy
+from taut.runlog import MetricsLog, StepProgress, console
+
+
+def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up, then cosine decay to `min_ratio · lr` at `total`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[str, str]]:
+    """(prompt, response) pairs from the SFT tasks."""
+    from taut.tasks.gym.task import GymTask, TraceMixture, resolve_domains, sft_examples as gym_examples
+
+    domains = [d for spec in config.data.sft for d in resolve_domains(spec)] if all(s.startswith("gym") for s in config.data.sft) else None
+    if domains is None:
+        raise ValueError(f"SFT data must be testbed tasks (gym:…), got {config.data.sft}")
+    task = GymTask(domains, **({"levels": tuple(config.data.levels)} if config.data.levels else {}))
+    mixture = TraceMixture(config.data.mixture.p_direct, tuple(config.data.mixture.rounds))
+    return gym_examples(task, mixture, rng, n)
+
+
+def encode_batch(policy: Policy, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input ids [B, T] (right-padded) and labels [B, T] (-100 outside the responses)."""
+    rows = []
+    for prompt, response in pairs:
+        p, r = policy.encode_prompt(prompt), policy.encode_response(response)
+        rows.append((p + r, [-100] * len(p) + r))
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), policy.pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (x, y) in enumerate(rows):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+    return ids, labels
+
+
+_bucket_cache: dict[tuple, list] = {}
+
+
+def _bucketed(config: RunConfig, step: int) -> list[tuple[str, str]]:
+    """The batch of `step`: from its bucket of `bucket_batches` batches, sorted by length."""
+    sft = config.sft
+    bucket = step // sft.bucket_batches
+    key = (config.model_dump_json(), bucket)
+    if key not in _bucket_cache:
+        _bucket_cache.clear()
+        _bucket_cache[key] = _draw_bucket(config, bucket)
+    return _bucket_cache[key][step % sft.bucket_batches]
+
+
+def _draw_bucket(config: RunConfig, bucket: int) -> list[list[tuple[str, str]]]:
+    sft = config.sft
+    rng = random.Random(f"sft:{config.seed}:{bucket}")
+    pairs = sft_examples(config, rng, sft.batch_size * sft.bucket_batches)
+    pairs.sort(key=lambda pr: len(pr[0].split()) + len(pr[1].split()))
+    batches = [pairs[i * sft.batch_size : (i + 1) * sft.batch_size] for i in range(sft.bucket_batches)]
+    rng.shuffle(batches)
+    return batches
+
+
+def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    sft = config.sft
+    start = 0
+    if resume and (ckpt := latest_checkpoint(run_dir)) is not None:
+        remove_partial(run_dir)
+        policy = load_policy(config.model.model_copy(update={"path": str(ckpt), "preset": None}))
+        start = read_state(ckpt)["step"]
+    else:
+        policy = load_policy(config.model, seed=config.seed)
+    model = policy.model
+    device = model.device
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=sft.betas, weight_decay=sft.weight_decay)
+    if start:
+        load_optimizer(optimizer, ckpt)
+    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None)
+
+    tokens_seen, t0, window_loss, window_tokens = 0, time.perf_counter(), 0.0, 0
+    with StepProgress(sft.steps, "sft", quiet, start) as progress:
+        for step in range(start, sft.steps):
+            lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            ids, labels = encode_batch(policy, _bucketed(config, step))
+            ids, labels = ids.to(device), labels.to(device)
+            logits = model(input_ids=ids).logits[:, :-1]                        # [B, T-1, V]
+            target = labels[:, 1:]                                              # [B, T-1]
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=-100)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), sft.grad_clip).item()
+            optimizer.step()
+
+            n_tokens = int((target != -100).sum())
+            tokens_seen += n_tokens
+            window_loss += loss.item() * n_tokens
+            window_tokens += n_tokens
+            done = step + 1
+            if done % sft.log_every == 0 or done == sft.steps:
+                elapsed = time.perf_counter() - t0
+                log.write({"step": done, "loss": window_loss / max(1, window_tokens), "lr": lr, "grad_norm": grad_norm,
+                           "tokens_per_s": tokens_seen / elapsed, "elapsed_s": elapsed})
+                progress.update(done, loss=window_loss / max(1, window_tokens))
+                window_loss, window_tokens = 0.0, 0
+            if done % sft.checkpoint_every == 0 or done == sft.steps:
+                save_checkpoint(run_dir, done, policy, {"kind": "sft"}, optimizer)
+    final = latest_checkpoint(run_dir)
+    if not quiet:
+        console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")
+    return final

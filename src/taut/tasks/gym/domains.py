@@ -1,0 +1,336 @@
+"""Testbed domains: problem generators, ground truth, and step-by-step trace writers.
+
+Each domain has four difficulty levels. Level 1 is a table of single-digit facts that a small
+model answers reliably without thinking; from level 2 on the number of necessary steps grows
+with the level (one step per column, list element or operation).
+
+Two functions per domain are deliberately independent:
+- `solve` computes the answer with plain Python arithmetic (the ground truth);
+- `steps` writes the step-by-step algorithm (column arithmetic, running totals, selection)
+  and `trace_answer` reads the answer off those steps.
+A test checks that they agree on every generated problem.
+
+Grammar of one step (words separated by spaces, `;` ends a step):
+    add    7 + 8 + 0 = 1 5 write 5 carry 1 ;       column digits, carry in, sum, digit, carry out
+    sum    1 0 + 9 = 1 9 ;                          running total + next element
+    mul    7 * 6 + 4 = 4 6 write 6 carry 4 ;        column digit × multiplier + carry in
+    sort   take 3 rest 5 8 3 ;                      smallest element, what remains (original order)
+    chain  8 * 2 = 6 ;                              one operation, result modulo 10
+    sub    1 2 - 7 - 0 = 5 borrow 1 ;               (10 +) column digit − digit − borrow in
+    max    max 4 7 8 2 = 8 2 ;                      running maximum vs the next two-digit number
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+LEVELS = (1, 2, 3, 4)
+
+Operands = tuple  # a domain's problem: a tuple of ints (or nested tuples), hashable
+
+
+def digits(n: int) -> list[str]:
+    """Decimal digits of a non-negative integer as words: 105 -> ['1', '0', '5']."""
+    return list(str(n))
+
+
+def _number(rng: random.Random, n_digits: int) -> int:
+    low = 0 if n_digits == 1 else 10 ** (n_digits - 1)
+    return rng.randint(low, 10**n_digits - 1)
+
+
+def _columns(n: int, width: int) -> list[int]:
+    """Digits of n from least significant, padded with zeros to `width`."""
+    return [(n // 10**i) % 10 for i in range(width)]
+
+
+@dataclass(frozen=True)
+class Domain(ABC):
+    name: str
+    held_out: bool = False
+
+    @abstractmethod
+    def sample(self, rng: random.Random, level: int) -> Operands:
+        """Draw one problem of the given difficulty level."""
+
+    @abstractmethod
+    def operand_words(self, operands: Operands) -> list[str]:
+        """The problem as words, as written after the domain name in the prompt."""
+
+    @abstractmethod
+    def solve(self, operands: Operands) -> int | tuple[int, ...]:
+        """Ground truth with Python arithmetic, independent of the trace writer."""
+
+    @abstractmethod
+    def steps(self, operands: Operands) -> list[list[str]]:
+        """The necessary steps, each a list of words ending in ';'."""
+
+    @abstractmethod
+    def trace_answer(self, operands: Operands) -> list[str]:
+        """The answer as the trace writer derives it from its own steps."""
+
+    def answer_words(self, operands: Operands) -> list[str]:
+        """The ground-truth answer as words (what the grader compares against)."""
+        truth = self.solve(operands)
+        if isinstance(truth, tuple):
+            return [w for value in truth for w in digits(value)]
+        return digits(truth)
+
+
+@dataclass(frozen=True)
+class Add(Domain):
+    """Column addition of two numbers with `level` digits each."""
+
+    def sample(self, rng, level):
+        return (_number(rng, level), _number(rng, level))
+
+    def operand_words(self, operands):
+        a, b = operands
+        return [*digits(a), "+", *digits(b)]
+
+    def solve(self, operands):
+        return operands[0] + operands[1]
+
+    def _columns(self, operands):
+        a, b = operands
+        width = max(len(str(a)), len(str(b)))
+        carry, out = 0, []
+        for x, y in zip(_columns(a, width), _columns(b, width)):
+            total = x + y + carry
+            out.append((x, y, carry, total))
+            carry = total // 10
+        return out, carry
+
+    def steps(self, operands):
+        columns, _ = self._columns(operands)
+        return [
+            [str(x), "+", str(y), "+", str(c), "=", *digits(t), "write", str(t % 10), "carry", str(t // 10), ";"]
+            for x, y, c, t in columns
+        ]
+
+    def trace_answer(self, operands):
+        columns, carry = self._columns(operands)
+        written = [str(t % 10) for *_, t in reversed(columns)]
+        return ([str(carry)] if carry else []) + written
+
+
+@dataclass(frozen=True)
+class RunningSum(Domain):
+    """Sum of a list of single digits; the list has 2, 3, 5 or 7 elements."""
+
+    lengths: tuple[int, ...] = (2, 3, 5, 7)
+
+    def sample(self, rng, level):
+        return tuple(rng.randint(0, 9) for _ in range(self.lengths[level - 1]))
+
+    def operand_words(self, operands):
+        return [str(x) for x in operands]
+
+    def solve(self, operands):
+        return sum(operands)
+
+    def steps(self, operands):
+        total, out = operands[0], []
+        for x in operands[1:]:
+            out.append([*digits(total), "+", str(x), "=", *digits(total + x), ";"])
+            total += x
+        return out
+
+    def trace_answer(self, operands):
+        last = self.steps(operands)[-1]
+        return last[last.index("=") + 1 : -1]
+
+
+@dataclass(frozen=True)
+class MultiplyByDigit(Domain):
+    """A number with `level` digits times a single digit 2-9, column by column."""
+
+    def sample(self, rng, level):
+        return (_number(rng, level), rng.randint(2, 9))
+
+    def operand_words(self, operands):
+        a, m = operands
+        return [*digits(a), "*", str(m)]
+
+    def solve(self, operands):
+        return operands[0] * operands[1]
+
+    def _columns(self, operands):
+        a, m = operands
+        carry, out = 0, []
+        for x in _columns(a, len(str(a))):
+            product = x * m + carry
+            out.append((x, carry, product))
+            carry = product // 10
+        return out, carry
+
+    def steps(self, operands):
+        columns, _ = self._columns(operands)
+        m = str(operands[1])
+        return [
+            [str(x), "*", m, "+", str(c), "=", *digits(p), "write", str(p % 10), "carry", str(p // 10), ";"]
+            for x, c, p in columns
+        ]
+
+    def trace_answer(self, operands):
+        columns, carry = self._columns(operands)
+        written = [str(p % 10) for *_, p in reversed(columns)]
+        return (digits(carry) if carry else []) + written
+
+
+@dataclass(frozen=True)
+class Sort(Domain):
+    """Sort a list of 2, 3, 5 or 7 digits ascending, by repeated selection of the minimum."""
+
+    lengths: tuple[int, ...] = (2, 3, 5, 7)
+
+    def sample(self, rng, level):
+        return tuple(rng.randint(0, 9) for _ in range(self.lengths[level - 1]))
+
+    def operand_words(self, operands):
+        return [str(x) for x in operands]
+
+    def solve(self, operands):
+        return tuple(sorted(operands))
+
+    def _selection(self, operands):
+        remaining, taken, out = list(operands), [], []
+        while len(remaining) > 1:
+            smallest = min(remaining)
+            remaining.remove(smallest)
+            taken.append(smallest)
+            out.append(["take", str(smallest), "rest", *map(str, remaining), ";"])
+        return out, taken + remaining
+
+    def steps(self, operands):
+        return self._selection(operands)[0]
+
+    def trace_answer(self, operands):
+        return [str(x) for x in self._selection(operands)[1]]
+
+
+@dataclass(frozen=True)
+class ModChain(Domain):
+    """A start digit followed by 1, 2, 4 or 6 operations (+, -, *) with digits, modulo 10."""
+
+    lengths: tuple[int, ...] = (1, 2, 4, 6)
+
+    def sample(self, rng, level):
+        ops = tuple((rng.choice("+-*"), rng.randint(0, 9)) for _ in range(self.lengths[level - 1]))
+        return (rng.randint(0, 9), ops)
+
+    def operand_words(self, operands):
+        start, ops = operands
+        return [str(start), *[w for op, y in ops for w in (op, str(y))]]
+
+    def solve(self, operands):
+        start, ops = operands
+        value = start
+        for op, y in ops:  # exact integer arithmetic; reduced once at the end
+            value = value + y if op == "+" else value - y if op == "-" else value * y
+        return value % 10
+
+    def _run(self, operands):
+        value, out = operands[0], []
+        for op, y in operands[1]:
+            result = {"+": value + y, "-": value - y, "*": value * y}[op] % 10
+            out.append([str(value), op, str(y), "=", str(result), ";"])
+            value = result
+        return out, value
+
+    def steps(self, operands):
+        return self._run(operands)[0]
+
+    def trace_answer(self, operands):
+        return [str(self._run(operands)[1])]
+
+
+@dataclass(frozen=True)
+class Subtract(Domain):
+    """Column subtraction a − b of two numbers with `level` digits, a ≥ b."""
+
+    def sample(self, rng, level):
+        a, b = _number(rng, level), _number(rng, level)
+        return (max(a, b), min(a, b))
+
+    def operand_words(self, operands):
+        a, b = operands
+        return [*digits(a), "-", *digits(b)]
+
+    def solve(self, operands):
+        return operands[0] - operands[1]
+
+    def _columns(self, operands):
+        a, b = operands
+        width = len(str(a))
+        borrow, out = 0, []
+        for x, y in zip(_columns(a, width), _columns(b, width)):
+            diff = x - y - borrow
+            borrow_out = int(diff < 0)
+            out.append((x, y, borrow, diff + 10 * borrow_out, borrow_out))
+            borrow = borrow_out
+        return out
+
+    def steps(self, operands):
+        return [
+            [*(["1"] if bo else []), str(x), "-", str(y), "-", str(bi), "=", str(d), "borrow", str(bo), ";"]
+            for x, y, bi, d, bo in self._columns(operands)
+        ]
+
+    def trace_answer(self, operands):
+        written = "".join(str(d) for _, _, _, d, _ in reversed(self._columns(operands)))
+        return list(written.lstrip("0") or "0")
+
+
+@dataclass(frozen=True)
+class RunningMax(Domain):
+    """The largest of 2, 3, 4 or 6 two-digit numbers, by a running maximum."""
+
+    lengths: tuple[int, ...] = (2, 3, 4, 6)
+
+    def sample(self, rng, level):
+        return tuple(rng.randint(10, 99) for _ in range(self.lengths[level - 1]))
+
+    def operand_words(self, operands):
+        return [w for x in operands for w in digits(x)]
+
+    def solve(self, operands):
+        return max(operands)
+
+    def _run(self, operands):
+        best, out = operands[0], []
+        for x in operands[1:]:
+            new = best if best >= x else x
+            out.append(["max", *digits(best), *digits(x), "=", *digits(new), ";"])
+            best = new
+        return out, best
+
+    def steps(self, operands):
+        return self._run(operands)[0]
+
+    def trace_answer(self, operands):
+        return digits(self._run(operands)[1])
+
+
+DOMAINS: dict[str, Domain] = {
+    d.name: d
+    for d in (
+        Add("add"),
+        RunningSum("sum"),
+        MultiplyByDigit("mul"),
+        Sort("sort"),
+        ModChain("chain"),
+        Subtract("sub", held_out=True),
+        RunningMax("max", held_out=True),
+    )
+}
+TRAINING_DOMAINS = tuple(name for name, d in DOMAINS.items() if not d.held_out)
+HELD_OUT_DOMAINS = tuple(name for name, d in DOMAINS.items() if d.held_out)
+
+
+def get_domain(name: str) -> Domain:
+    if name not in DOMAINS:
+        raise ValueError(f"unknown testbed domain {name!r}; valid domains: {', '.join(DOMAINS)}")
+    return DOMAINS[name]

@@ -1,0 +1,132 @@
+"""Stage functions behind the CLI: evaluate a run, the demo, testbed previews and statistics."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from taut.config import RunConfig
+from taut.runlog import console
+
+
+def load_for_eval(config: RunConfig, target: Path):
+    """The policy a target stands for: a run's chosen checkpoint, or a model directory."""
+    from taut.models import load_policy, resolve_model_path
+
+    checkpoint = Path(resolve_model_path(str(target)))
+    policy = load_policy(config.model.model_copy(update={"path": str(checkpoint), "preset": None, "lora": None}))
+    return policy, checkpoint
+
+
+def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], **generate_kwargs):
+    from taut.evaluate import generate_and_grade, report
+    from taut.tasks import load_task
+
+    tasks = [load_task(spec, config.data.levels) for spec in (config.eval.tasks or config.data.eval)]
+    max_new = config.eval.max_new_tokens or config.rl.max_new_tokens
+    t0 = time.perf_counter()
+    samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, **generate_kwargs)
+    result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0})
+    return result, samples
+
+
+def evaluate_target(config: RunConfig, target: Path, out: Path | None = None) -> tuple[dict, Path]:
+    from taut.evaluate import write_report
+
+    policy, checkpoint = load_for_eval(config, target)
+    result, samples = evaluate_policy(config, policy, {"checkpoint": str(checkpoint), "target": str(target)})
+    if out is None:
+        run_dir = Path(target) if (Path(target) / "checkpoints").is_dir() else checkpoint
+        out = run_dir / "eval" / f"{checkpoint.name}.json"
+    write_report(result, out, samples)
+    return result, Path(out)
+
+
+def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
+    """SFT checkpoint → GRPO on the testbed → evaluation before and after."""
+    from taut.checkpoint import list_checkpoints
+    from taut.rl.trainer import train_rl
+    from taut.runlog import default_run_dir
+
+    run_dir = Path(out or default_run_dir("demo"))
+    t0 = time.perf_counter()
+    console.print(f"[bold]taut demo[/bold]: GRPO ({config.strategy.name}) from {config.model.path}, {config.rl_steps()} steps → {run_dir}")
+    train_rl(config, run_dir, quiet=quiet)
+    first, last = list_checkpoints(run_dir)[0], list_checkpoints(run_dir)[-1]
+    before, _ = evaluate_target(config, first, run_dir / "eval" / f"{first.name}.json")
+    after, _ = evaluate_target(config, last, run_dir / "eval" / f"{last.name}.json")
+    console.print(before_after_table(before, after))
+    console.print(f"demo finished in {time.perf_counter() - t0:.0f} s; run directory: [bold]{run_dir}[/bold]")
+    return run_dir
+
+
+def before_after_table(before: dict, after: dict) -> Table:
+    t = Table(title="before (SFT) → after (RL), sampled at temperature 1")
+    for col in ("", "accuracy", "mean tokens", "redundancy"):
+        t.add_column(col, justify="right")
+    rows = [("overall", "overall"), ("in-domain", "in_domain"), ("held-out", "held_out")]
+    rows += [(f"level {k}", ("by_level", k)) for k in before["by_level"]]
+    for label, key in rows:
+        b = before[key[0]][key[1]] if isinstance(key, tuple) else before[key]
+        a = after[key[0]][key[1]] if isinstance(key, tuple) else after[key]
+        if not b.get("n_samples"):
+            continue
+        t.add_row(label, f"{b['accuracy']:.3f} → {a['accuracy']:.3f}", f"{b['tokens_mean']:.1f} → {a['tokens_mean']:.1f}",
+                  f"{b.get('redundancy', 0):.2f} → {a.get('redundancy', 0):.2f}")
+    return t
+
+
+def preview(domain: str, difficulty: int, n: int, seed: int) -> str:
+    from taut.tasks.gym.task import GymTask, TraceMixture
+
+    task = GymTask([domain], levels=(difficulty,))
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        instance = task.sample_instance(rng, "train")
+        minimal = instance.minimal_response()
+        lines += [
+            f"prompt     {instance.prompt()}",
+            f"answer     {' '.join(instance.domain.answer_words(instance.operands))}",
+            f"minimal    {' '.join(minimal)} <eos>   ({instance.necessary_length()} tokens, {len(instance.necessary_steps())} necessary steps)",
+            f"full trace {' '.join(instance.render(think=True))} <eos>",
+            f"SFT sample {' '.join(TraceMixture().render(instance, rng))} <eos>",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def data_stats(config: RunConfig, n: int = 400) -> dict[str, Any]:
+    """Per domain and level: mean SFT trace length, necessary length, redundant-token share."""
+    from taut.tasks.gym.domains import DOMAINS, LEVELS
+    from taut.tasks.gym.task import GymTask, TraceMixture, analyze
+
+    mixture = TraceMixture(config.data.mixture.p_direct, tuple(config.data.mixture.rounds))
+    cells, total_tokens, total_redundant = [], 0, 0
+    for name, domain in DOMAINS.items():
+        for level in LEVELS:
+            task = GymTask([name], levels=(level,))
+            rng = random.Random(f"stats:{config.seed}:{name}:{level}")
+            lengths, redundant, necessary, steps = [], [], [], []
+            for _ in range(n):
+                instance = task.sample_instance(rng, "train")
+                a = analyze(instance, " ".join(mixture.render(instance, rng)), complete=True)
+                lengths.append(a.length)
+                redundant.append(a.redundant_tokens)
+                necessary.append(a.necessary_length)
+                steps.append(len(instance.necessary_steps()))
+            total_tokens += sum(lengths)
+            total_redundant += sum(redundant)
+            cells.append({
+                "domain": name, "difficulty": level, "held_out": domain.held_out,
+                "trace_tokens_mean": sum(lengths) / n, "necessary_tokens_mean": sum(necessary) / n,
+                "necessary_steps_mean": sum(steps) / n, "redundancy": sum(redundant) / sum(lengths),
+            })
+    return {
+        "domains": len(DOMAINS), "held_out": [n for n, d in DOMAINS.items() if d.held_out], "levels": list(LEVELS),
+        "mixture": config.data.mixture.model_dump(), "mixture_redundancy": total_redundant / total_tokens, "cells": cells,
+    }

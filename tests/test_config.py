@@ -1,0 +1,68 @@
+"""Recipes parse; overrides apply; typos are errors that name the key, the line and the valid keys."""
+
+from pathlib import Path
+
+import pytest
+
+from taut.config import ConfigError, RunConfig, load_config
+
+RECIPES = sorted(Path(__file__).parent.parent.joinpath("recipes").rglob("*.yaml"))
+
+
+def test_there_are_recipes():
+    assert len(RECIPES) >= 3
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parent.parent)))
+def test_every_recipe_parses(recipe):
+    config = load_config(recipe)
+    assert isinstance(config, RunConfig)
+
+
+def test_overrides_reach_nested_keys_and_parse_values():
+    config = load_config(None, ["rl.steps=3", "rl.clip_high=0.3", "strategy.name=mastery-gated", "strategy.tau=0.75",
+                                "eval.budgets=[8, 16]", "model=/some/dir"])
+    assert config.rl.steps == 3 and config.rl.clip_high == 0.3
+    assert config.strategy.name == "mastery-gated" and config.strategy.tau == 0.75
+    assert config.eval.budgets == [8, 16]
+    assert config.model.path == "/some/dir" and config.model.preset is None
+
+
+def test_model_shorthand_refined_by_a_nested_override():
+    config = load_config(None, ["model=/some/dir", "model.dtype=float32"])
+    assert config.model.path == "/some/dir" and config.model.dtype == "float32"
+
+
+def test_misspelled_key_names_key_line_and_valid_keys(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("seed: 1\nrl:\n  steps: 5\n  clip_hihg: 0.3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe)
+    message = str(err.value)
+    assert f"{recipe}:4" in message
+    assert "rl.clip_hihg" in message and "did you mean 'rl.clip_high'" in message
+    assert "clip_low" in message and "prompts_per_step" in message
+
+
+def test_unknown_strategy_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match="valid strategies: none, siri, mastery-gated"):
+        load_config(None, ["strategy.name=fast-thinking"])
+
+
+def test_strategy_parameter_typo_lists_that_strategys_keys():
+    with pytest.raises(ConfigError, match="valid keys here: name, tau, slack"):
+        load_config(None, ["strategy.name=mastery-gated", "strategy.tua=0.5"])
+
+
+def test_values_are_validated():
+    with pytest.raises(ConfigError, match="rl.group_size"):
+        load_config(None, ["rl.group_size=1"])
+    with pytest.raises(ConfigError, match="max_penalty"):
+        load_config(None, ["strategy.name=mastery-gated", "strategy.max_penalty=1.0"])
+    with pytest.raises(ConfigError, match="exactly one of model.path and model.preset"):
+        load_config(None, ["model.preset=tiny", "model.path=/x"])
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_config(None, ["rl.steps"])
