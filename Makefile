@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow test-verl install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +28,19 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q; rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
+# verl pins transformers<5.11, so its test runs in an environment of its own (docs/engines.md).
+VERL_VENV  ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+
+$(VERL_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/pip install --quiet "$(TORCH)"
+	$(VERL_VENV)/bin/pip install --quiet "$(TORCH)" -e ".[verl,test]"
+	touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest tests/test_integrations_verl.py -q
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache

@@ -50,8 +50,9 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert _taut("train", "--resume", str(killed), "--quiet").wait() == 0
     assert _taut("train", *MICRO, *steps, "--out", str(clean), "--quiet").wait() == 0
 
-    logged = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
-    assert logged == list(range(1, 11)), "each step is logged exactly once"
+    records = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "event" not in r] == list(range(1, 11)), "each step is logged exactly once"
+    assert [r["step"] for r in records if r.get("event") == "phase-start"] == [0]
     a = load_file(str(killed / "checkpoints" / "step-000010" / "model.safetensors"))
     b = load_file(str(clean / "checkpoints" / "step-000010" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resumed run diverged from the uninterrupted one"

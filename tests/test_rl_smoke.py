@@ -6,27 +6,10 @@ import torch
 
 from taut.config import RunConfig
 from taut.rl.trainer import train_rl
-from taut.tasks import Problem, Verdict, register_task
+import toytask  # noqa: F401  (registers the toy:… task)
 
 
-class FirstWordTask:
-    """Correct when the response starts with `ok` — learnable from random weights in a few dozen steps."""
 
-    name = "toy:first-ok"
-
-    def problems(self, split, n_per_level, seed=0):
-        return [Problem(id=f"toy-{i}", prompt=f"add {i % 10} + {i // 10} = <think>", answer="ok", domain="toy", difficulty=1)
-                for i in range(min(n_per_level, 40))]
-
-    def verify(self, problem, response, complete):
-        words = response.split()
-        return Verdict(correct=bool(words) and words[0] == "ok", extracted=words[0] if words else None)
-
-    def with_budget(self, problem, budget):
-        return problem
-
-
-register_task("toy", lambda spec, levels: FirstWordTask())
 
 
 def test_grpo_raises_reward_and_changes_parameters(tmp_path):
@@ -46,9 +29,10 @@ def test_grpo_raises_reward_and_changes_parameters(tmp_path):
     assert len(changed) == len(list(start.parameters())), "every parameter tensor should move"
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "event" not in r]
     assert [r["step"] for r in records] == list(range(1, 31))
     first, last = records[0]["accuracy"], sum(r["accuracy"] for r in records[-5:]) / 5
     assert first < 0.2 and last > 0.6, (first, last)
     for key in ("reward", "length_mean", "truncation_rate", "cap", "step_time"):
         assert records[-1][key] is not None, key
-    assert sum(r["entropy"] is not None and r["grad_norm"] > 0 for r in records) >= 20   # updated on most steps
+    assert sum(r["entropy"] is not None and r["grad_norm"] > 0 for r in records) >= 10   # updated whenever a group had a spread

@@ -19,7 +19,7 @@ def eos_prone(tiny_policy):
     return policy
 
 
-PROMPTS = ["add 4 + 5 = <think>", "sum 3 9 1 = <think>", "sort 5 3 8 3 = <think>", "max 4 7 1 9 = <think>",
+PROMPTS = ["add 4 + 5 = <think>", "sum 3 9 1 = <think>", "parity 1 0 1 1 = <think>", "mod 4 7 1 % 7 = <think>",
            "mul 4 7 * 6 = <think>", "chain 3 + 5 * 2 - 4 = <think>"]
 
 

@@ -29,8 +29,9 @@ def test_known_values():
     assert sub.trace_answer((52, 47)) == ["5"]                  # leading zero dropped
     assert mul.trace_answer((47, 6)) == ["2", "8", "2"]
     assert chain.trace_answer((3, (("+", 5), ("*", 2), ("-", 4)))) == ["2"]
-    assert DOMAINS["sort"].trace_answer((5, 3, 8, 3)) == ["3", "3", "5", "8"]
-    assert DOMAINS["max"].trace_answer((47, 19, 82)) == ["8", "2"]
+    assert DOMAINS["parity"].trace_answer((1, 0, 1, 1)) == ["1"]
+    assert DOMAINS["mod"].trace_answer((4712, 7)) == [str(4712 % 7)]
+    assert DOMAINS["mod"].steps((47, 7)) == ["4 % 7 = 4 ;".split(), "4 7 % 7 = 5 ;".split()]
     assert add.steps((47, 58))[0] == "7 + 8 + 0 = 1 5 write 5 carry 1 ;".split()
 
 

@@ -144,6 +144,25 @@ def data_preview(domain: str, difficulty: Annotated[int, typer.Option("--difficu
         raise typer.Exit(2) from None
 
 
+@data_app.command("health")
+def data_health(target: Annotated[Path, typer.Argument(help="run or model directory")], config: ConfigOpt = None,
+                set: SetOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False):
+    """Forced-thinking vs forced-direct accuracy per level, and accuracy with vs without post-answer rounds."""
+    from taut.workflows import forced_decisions
+
+    result = forced_decisions(_config(config, set), target)
+    if as_json:
+        print(json.dumps(result, indent=1))
+        return
+    t = Table(title=f"testbed health: {result['checkpoint']}")
+    for col in ("level", "own choice", "thinking forced", "direct forced", "thinks", "with rounds", "without rounds"):
+        t.add_column(col, justify="right")
+    for level, r in result["by_level"].items():
+        t.add_row(level, f"{r['free_accuracy']:.3f}", f"{r['think_accuracy']:.3f}", f"{r['direct_accuracy']:.3f}",
+                  f"{r['thinks_rate']:.2f}", f"{r['accuracy_with_rounds']:.3f}", f"{r['accuracy_without_rounds']:.3f}")
+    out_console.print(t)
+
+
 @data_app.command("stats")
 def data_stats(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None, set: SetOpt = None,
                n: Annotated[int, typer.Option("-n", help="traces per domain and level")] = 400):
@@ -161,6 +180,21 @@ def data_stats(as_json: Annotated[bool, typer.Option("--json")] = False, config:
         t.add_row(row["domain"], str(row["difficulty"]), "yes" if row["held_out"] else "", f"{row['trace_tokens_mean']:.1f}",
                   f"{row['necessary_tokens_mean']:.1f}", f"{row['redundancy']:.1%}", f"{row['necessary_steps_mean']:.1f}")
     out_console.print(t)
+
+
+@app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="run directories with evaluations under RUN/eval/")],
+    out: Annotated[Path, typer.Option("--out", help="report directory (report.html, report.json, PNGs)")],
+    label: Annotated[Optional[list[str]], typer.Option("--label", help="name per run, in order (repeatable)")] = None,
+):
+    """Compare runs: accuracy vs tokens with the Pareto frontier, budgets, training dynamics; writes report.html."""
+    from taut.report import compare as write_comparison
+    from taut.report.summary import rich_table
+
+    path = write_comparison(runs, out, labels=label)
+    out_console.print(rich_table(json.loads((path.parent / "report.json").read_text())["table"]))
+    out_console.print(f"written: {path}")
 
 
 def main() -> None:

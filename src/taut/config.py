@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Union, get_args
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -72,10 +72,37 @@ class MixtureConfig(Strict):
         return v
 
 
+class ColumnMap(Strict):
+    """Which column of a data file holds what."""
+
+    prompt: str = "prompt"
+    answer: str = "answer"
+    response: str | None = Field(None, description="a worked response, for SFT")
+    domain: str | None = None
+    difficulty: str | None = None
+    id: str | None = Field(None, description="a stable problem id (default: the row number)")
+
+
+class FileTaskConfig(Strict):
+    """A task read from a file: JSONL, Parquet, CSV, or a `datasets` dataset saved on disk."""
+
+    path: str
+    format: Literal["auto", "jsonl", "parquet", "csv", "datasets"] = "auto"
+    columns: ColumnMap = Field(default_factory=ColumnMap)
+    verifier: Literal["math", "exact"] = "math"
+    name: str | None = Field(None, description="task name in reports (default: the file name)")
+    held_out: bool = Field(False, description="evaluated only; RL never trains on it")
+    split: Literal["train", "validation", "test"] | None = Field(
+        None, description="the split this file holds; default: rows are assigned to splits by a hash of their id")
+
+
+TaskSpec = Union[str, FileTaskConfig]
+
+
 class DataConfig(Strict):
-    train: list[str] = Field(default_factory=lambda: ["gym:train"], description="tasks RL trains on")
-    eval: list[str] = Field(default_factory=lambda: ["gym:all"], description="tasks evaluated")
-    sft: list[str] = Field(default_factory=lambda: ["gym:all"], description="tasks the SFT cold start covers")
+    train: list[TaskSpec] = Field(default_factory=lambda: ["gym:train"], description="tasks RL trains on")
+    eval: list[TaskSpec] = Field(default_factory=lambda: ["gym:all"], description="tasks evaluated")
+    sft: list[TaskSpec] = Field(default_factory=lambda: ["gym:all"], description="tasks the SFT cold start covers")
     levels: list[int] | None = Field(None, description="difficulty levels to use (default: all)")
     pool_per_level: int = Field(200, gt=0, description="RL prompt pool: train-split problems per domain and level")
     seed: int = 0
@@ -97,6 +124,7 @@ class SFTConfig(Strict):
 
 
 class RLConfig(Strict):
+    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: taut's HF sampler, or vLLM (GPU extra)")
     steps: int | None = Field(None, ge=0, description="RL steps; default: the sum of the phases' steps (100 without phases)")
     prompts_per_step: int = Field(16, gt=0)
     group_size: int = Field(8, ge=2, description="rollouts per prompt (G)")
@@ -124,7 +152,7 @@ class RLConfig(Strict):
 
 
 class EvalConfig(Strict):
-    tasks: list[str] | None = Field(None, description="default: data.eval")
+    tasks: list[TaskSpec] | None = Field(None, description="default: data.eval")
     split: Literal["train", "validation", "test"] = "test"
     n_per_level: int = Field(100, gt=0, description="problems per domain and level (fewer where the split has fewer)")
     samples: int = Field(4, gt=0, description="samples per problem (accuracy is their mean)")
@@ -135,6 +163,59 @@ class EvalConfig(Strict):
     batch_size: int = Field(512, gt=0, description="rollouts generated together")
 
 
+class StopRules(Strict):
+    """Collapse detectors for a phase. A tripped detector ends the phase early and rolls back."""
+
+    accuracy_drop: float | None = Field(None, gt=0, description="δ: validation accuracy below the phase start's − δ")
+    entropy_ratio: float | None = Field(None, gt=0, lt=1, description="entropy (moving mean) below this × the phase start's")
+    grad_norm_spike: float | None = Field(None, gt=1, description="grad norm above this × its running median in the phase")
+    patience: int = Field(1, ge=1, description="consecutive checks a detector must trip before it fires")
+    window: int = Field(5, ge=1, description="steps in the entropy moving mean, and the minimum history for the spike median")
+
+
+class SelectionConfig(Strict):
+    """How a checkpoint is chosen among validated ones (after a rollback, and for the run)."""
+
+    criterion: Literal["shortest-within", "best-accuracy", "last-good", "last"] = Field(
+        "shortest-within", description="shortest-within: fewest validation tokens among those within tolerance of the reference accuracy")
+    tolerance: float = Field(0.02, ge=0, description="accuracy below the reference allowed for a candidate")
+    reference: Literal["start", "best"] = Field("start", description="reference accuracy: the start of the phase (run), or the best seen")
+
+
+class SamplerConfig(Strict):
+    """Which prompts a phase draws: plain shuffled epochs, or a mix of mastered and unmastered ones."""
+
+    mastered_fraction: float | Literal["adaptive"] | None = Field(
+        None, description="share of each batch drawn from mastered prompts; adaptive: the pool's current mastery rate, clipped")
+    adaptive_bounds: tuple[float, float] = Field((0.25, 0.75), description="clip range of the adaptive share")
+    mastery_threshold: float = Field(1.0, gt=0, le=1, description="a prompt is mastered when its latest pass rate is at least this")
+
+    @field_validator("mastered_fraction")
+    @classmethod
+    def _fraction(cls, v):
+        if isinstance(v, float) and not 0 <= v <= 1:
+            raise ValueError(f"mastered_fraction must be in [0, 1] or 'adaptive', got {v}")
+        return v
+
+
+class PhaseConfig(Strict):
+    name: str
+    steps: int = Field(gt=0)
+    strategy: StrategyConfig = Field(default_factory=NoneConfig)
+    stop: StopRules = Field(default_factory=StopRules)
+    rollback: SelectionConfig = Field(default_factory=SelectionConfig, description="where a tripped detector rolls back to")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    lr: float | None = Field(None, gt=0, description="this phase's learning rate (default rl.lr)")
+
+
+class ValidationConfig(Strict):
+    every: int = Field(0, ge=0, description="validate every N steps (0: never; phases with accuracy_drop need it)")
+    tasks: list[TaskSpec] | None = Field(None, description="default: data.train, validation split")
+    n_per_level: int = Field(20, gt=0)
+    samples: int = Field(2, gt=0)
+    temperature: float = Field(1.0, ge=0)
+
+
 class RunConfig(Strict):
     seed: int = 0
     model: ModelConfig = Field(default_factory=lambda: ModelConfig(path="builtin:testbed-sft"))
@@ -142,10 +223,45 @@ class RunConfig(Strict):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
     strategy: StrategyConfig = Field(default_factory=NoneConfig)
+    phases: list[PhaseConfig] | None = Field(None, description="a curriculum; without it one phase runs `strategy` for rl.steps")
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    selection: SelectionConfig = Field(default_factory=lambda: SelectionConfig(criterion="last"),
+                                       description="which validated checkpoint the run stands for (selection.json)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
+    @model_validator(mode="after")
+    def _plan(self):
+        if self.phases is not None:
+            if not self.phases:
+                raise ValueError("phases must list at least one phase")
+            names = [p.name for p in self.phases]
+            if len(set(names)) != len(names):
+                raise ValueError(f"phase names must be unique, got {names}")
+            if self.rl.steps is not None and self.rl.steps > sum(p.steps for p in self.phases):
+                raise ValueError(f"rl.steps ({self.rl.steps}) exceeds the phases' total ({sum(p.steps for p in self.phases)} steps)")
+            needs_validation = [p.name for p in self.phases if p.stop.accuracy_drop is not None]
+            if needs_validation and self.validation.every == 0:
+                raise ValueError(f"phases {needs_validation} stop on validation accuracy: set validation.every")
+        return self
+
+    def plan(self) -> list[PhaseConfig]:
+        """The phases to run, cut at rl.steps when it is set."""
+        phases = self.phases or [PhaseConfig(name="main", steps=100 if self.rl.steps is None else max(1, self.rl.steps),
+                                             strategy=self.strategy)]
+        if self.phases and self.rl.steps is not None:
+            out, left = [], self.rl.steps
+            for p in phases:
+                if left <= 0:
+                    break
+                out.append(p.model_copy(update={"steps": min(p.steps, left)}))
+                left -= p.steps
+            phases = out
+        return phases
+
     def rl_steps(self) -> int:
-        return 100 if self.rl.steps is None else self.rl.steps
+        if self.phases is None:
+            return 100 if self.rl.steps is None else self.rl.steps
+        return sum(p.steps for p in self.plan())
 
 
 # ---------------------------------------------------------------------------------------------

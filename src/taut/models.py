@@ -1,5 +1,16 @@
 """Loading and building policies: any causal LM from a directory or the local hub cache, the
 testbed's tiny Qwen2 built from a config, and checkpoints in Hugging Face layout.
+
+Prompts go through the tokenizer's chat template when it has one (`model.chat_template: auto`),
+else they are encoded as plain text. Lengths are always counted in the model's own tokens.
+
+LoRA (`model.lora`, through peft). A LoRA checkpoint holds
+- the merged model (`model.safetensors`): `AutoModelForCausalLM.from_pretrained(checkpoint)`
+  loads it, and evaluation uses it;
+- the adapter (`adapter/`: peft's `adapter_model.safetensors` + `adapter_config.json`) and
+  `adapter/taut-base.json`, which names the base model the adapter sits on.
+Training resumes from the base plus the saved adapter (`resume_policy`), so the optimizer
+state, which covers the adapter's parameters only, matches the parameters it was saved with.
 """
 
 from __future__ import annotations
@@ -7,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -25,6 +38,9 @@ from taut.config import ModelConfig
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).parent / "assets"
+ADAPTER_DIR = "adapter"                 # a LoRA checkpoint's adapter, next to the merged weights
+BASE_FILE = "taut-base.json"            # in ADAPTER_DIR: the base model the adapter sits on
+THINK = "<think>"
 
 # Testbed model sizes: hidden, layers, heads, FFN. tiny = the prototype's 0.53M model.
 PRESETS = {
@@ -39,16 +55,31 @@ class Policy:
     tokenizer: PreTrainedTokenizerBase
     source: str            # where it was loaded from, for the run record
     chat: bool = False     # prompts go through the tokenizer's chat template
+    lora_base: dict[str, Any] | None = None   # with LoRA: how to rebuild the base model (path / preset, seed)
 
     def encode_prompt(self, text: str) -> list[int]:
+        """The prompt as the model sees it: through the chat template (with the generation
+        prompt, which may open `<think>`), or as plain text when there is no template."""
         if self.chat:
             messages = [{"role": "user", "content": text}]
             return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
         return self.tokenizer(text).input_ids
 
     def encode_response(self, text: str) -> list[int]:
-        """Response tokens followed by the end-of-sequence token (what SFT trains on)."""
+        """Response tokens followed by the end-of-sequence token (what SFT trains on). When the
+        chat template's generation prompt already opens `<think>` (DeepSeek-R1 distills), a
+        response that starts with `<think>` has that tag dropped, so it is not written twice."""
+        if self.opens_think and text.lstrip().startswith(THINK):
+            text = text.lstrip()[len(THINK):].lstrip("\n")
         return self.tokenizer(text, add_special_tokens=False).input_ids + [self.eos_id]
+
+    @cached_property
+    def opens_think(self) -> bool:
+        """Whether the chat template's generation prompt ends inside an opened `<think>`."""
+        if not self.chat:
+            return False
+        rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True, tokenize=False)
+        return rendered.rstrip().endswith(THINK)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -150,6 +181,8 @@ def _looks_like_hub_id(path: str) -> bool:
 
 
 def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
+    """The policy a model config names, on its device and in its dtype (auto: fp32 on CPU,
+    bf16 on GPU), with a fresh LoRA adapter when `config.lora` is set."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -170,6 +203,8 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
     policy.chat = config.chat_template == "auto" and bool(policy.tokenizer.chat_template)
     if config.lora:
         policy.model = _with_lora(policy.model, config)
+        policy.lora_base = {"path": None if config.preset else str(Path(policy.source).resolve()),
+                            "preset": config.preset, "seed": seed}
     return policy
 
 
@@ -181,16 +216,105 @@ def _with_lora(model: PreTrainedModel, config: ModelConfig) -> PreTrainedModel:
                                             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
 
 
+def is_lora(model: torch.nn.Module) -> bool:
+    from importlib.util import find_spec
+
+    if find_spec("peft") is None:
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under the plain model's names, with any LoRA adapter merged in
+    (W + scale·B·A per adapted layer). The model itself is left unchanged."""
+    if not is_lora(model):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    delta = module.get_delta_weight(adapter)
+                    key = f"{name}.weight"
+                    deltas[key] = delta if key not in deltas else deltas[key] + delta
+    out = {}
+    for key, value in base.state_dict().items():
+        if any(part.startswith("lora_") for part in key.split(".")):
+            continue
+        plain = key.replace(".base_layer.", ".")
+        out[plain] = value + deltas[plain].to(value.dtype) if plain in deltas else value
+    return out
+
+
 def save_policy(policy: Policy, directory: Path) -> None:
     """Hugging Face layout with safetensors: `AutoModelForCausalLM.from_pretrained(directory)` loads it.
-    A LoRA policy is saved merged, so the checkpoint is a plain model."""
+    A LoRA policy is saved merged, plus its adapter in `adapter/` to resume training from."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    directory = Path(directory)
     model = policy.model
-    if hasattr(model, "merge_and_unload"):
-        import copy
-
-        model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(directory, safe_serialization=True)
+    if is_lora(model):
+        model.get_base_model().save_pretrained(directory, state_dict=merged_state_dict(model))
+        model.save_pretrained(directory / ADAPTER_DIR)
+        (directory / ADAPTER_DIR / BASE_FILE).write_text(json.dumps(policy.lora_base, indent=1))
+    else:
+        model.save_pretrained(directory)
     policy.tokenizer.save_pretrained(directory)
+
+
+def resume_policy(config: ModelConfig, checkpoint: Path) -> Policy:
+    """The policy to continue training from a checkpoint of a run with this model config.
+
+    Without LoRA: the checkpoint's weights. With LoRA: the base model named in the checkpoint
+    (`adapter/taut-base.json`) with the saved adapter, trainable — the same parameters, in the
+    same order, as when the checkpoint was written, so its optimizer state loads onto them.
+    """
+    checkpoint = Path(checkpoint)
+    if config.lora is None:
+        return load_policy(config.model_copy(update={"path": str(checkpoint), "preset": None}))
+    adapter = checkpoint / ADAPTER_DIR
+    if not (adapter / BASE_FILE).exists():
+        raise FileNotFoundError(f"checkpoint {checkpoint} has no LoRA adapter ({adapter}/{BASE_FILE}); "
+                                f"it was not written by a LoRA run: resume it without model.lora")
+    from peft import PeftModel
+
+    base = json.loads((adapter / BASE_FILE).read_text())
+    policy = load_policy(config.model_copy(update={"path": base["path"], "preset": base["preset"], "lora": None}), seed=base["seed"])
+    policy.model = PeftModel.from_pretrained(policy.model, str(adapter), is_trainable=True)
+    policy.lora_base = base
+    return policy
+
+
+def restore_weights(policy: Policy, checkpoint: Path) -> None:
+    """Load a checkpoint's trained weights into the running policy (a rollback): the adapter
+    of a LoRA policy, else every weight."""
+    from safetensors.torch import load_file
+
+    checkpoint = Path(checkpoint)
+    model = policy.model
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        weights = load_file(str(checkpoint / ADAPTER_DIR / "adapter_model.safetensors"), device=str(model.device))
+        result = set_peft_model_state_dict(model, weights)
+        if result.unexpected_keys:
+            raise RuntimeError(f"checkpoint {checkpoint} does not match the adapter: unexpected {result.unexpected_keys}")
+        return
+    weights = {}
+    index = checkpoint / "model.safetensors.index.json"
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    for shard in shards:
+        weights.update(load_file(str(checkpoint / shard), device=str(model.device)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
+    if tied:
+        model.tie_weights()

@@ -30,15 +30,37 @@ def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float) ->
 
 
 def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[str, str]]:
-    """(prompt, response) pairs from the SFT tasks."""
+    """n (prompt, response) pairs from the SFT tasks (`data.sft`).
+
+    Testbed specs (gym:…) together form one source, whose traces the trace mixture writes; every
+    data file is another source, sampled uniformly (with replacement) from its train-split rows'
+    responses (`columns.response`). With several sources, each pair picks its source uniformly.
+    """
+    from taut.tasks import load_task
+    from taut.tasks.files import FileTask
     from taut.tasks.gym.task import GymTask, TraceMixture, resolve_domains, sft_examples as gym_examples
 
-    domains = [d for spec in config.data.sft for d in resolve_domains(spec)] if all(s.startswith("gym") for s in config.data.sft) else None
-    if domains is None:
-        raise ValueError(f"SFT data must be testbed tasks (gym:…), got {config.data.sft}")
-    task = GymTask(domains, **({"levels": tuple(config.data.levels)} if config.data.levels else {}))
-    mixture = TraceMixture(config.data.mixture.p_direct, tuple(config.data.mixture.rounds))
-    return gym_examples(task, mixture, rng, n)
+    gym_specs = [s for s in config.data.sft if isinstance(s, str) and s.startswith("gym")]
+    sources: list = []
+    if gym_specs:
+        domains = [d for spec in gym_specs for d in resolve_domains(spec)]
+        task = GymTask(domains, **({"levels": tuple(config.data.levels)} if config.data.levels else {}))
+        mixture = TraceMixture(config.data.mixture.p_direct, tuple(config.data.mixture.rounds))
+        sources.append(lambda k: gym_examples(task, mixture, rng, k))
+    for spec in config.data.sft:
+        if isinstance(spec, str) and spec.startswith("gym"):
+            continue
+        task = load_task(spec, config.data.levels)
+        if not isinstance(task, FileTask):
+            raise ValueError(f"SFT data must be testbed tasks (gym:…) or data files with a response column, got {spec!r}")
+        pairs = task.sft_pairs()
+        sources.append(lambda k, pairs=pairs: [rng.choice(pairs) for _ in range(k)])
+    if not sources:
+        raise ValueError("data.sft lists no tasks")
+    if len(sources) == 1:
+        return sources[0](n)
+    picks = [rng.randrange(len(sources)) for _ in range(n)]
+    return [pair for i, source in enumerate(sources) for pair in source(picks.count(i))]
 
 
 def encode_batch(policy: Policy, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +90,22 @@ def _bucketed(config: RunConfig, step: int) -> list[tuple[str, str]]:
         _bucket_cache.clear()
         _bucket_cache[key] = _draw_bucket(config, bucket)
     return _bucket_cache[key][step % sft.bucket_batches]
+
+
+_token_cache: dict[int, int] = {}
+
+
+def _bucket_tokens(config: RunConfig, policy: Policy, step: int) -> int:
+    """Response tokens of the whole bucket `step` belongs to: every batch of a bucket divides by
+    the same count, so an example weighs the same whether it landed in a short or a long batch
+    (a per-batch token mean would up-weight the short, direct-answer batches)."""
+    bucket = step // config.sft.bucket_batches
+    if bucket not in _token_cache:
+        _token_cache.clear()
+        first = bucket * config.sft.bucket_batches
+        _token_cache[bucket] = sum(len(policy.encode_response(r)) for b in range(config.sft.bucket_batches)
+                                   for _, r in _bucketed(config, first + b))
+    return _token_cache[bucket]
 
 
 def _draw_bucket(config: RunConfig, bucket: int) -> list[list[tuple[str, str]]]:
@@ -110,7 +148,9 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
             ids, labels = ids.to(device), labels.to(device)
             logits = model(input_ids=ids).logits[:, :-1]                        # [B, T-1, V]
             target = labels[:, 1:]                                              # [B, T-1]
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=-100)
+            token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                                         ignore_index=-100, reduction="sum")
+            loss = token_loss * sft.bucket_batches / _bucket_tokens(config, policy, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), sft.grad_clip).item()
@@ -118,7 +158,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
 
             n_tokens = int((target != -100).sum())
             tokens_seen += n_tokens
-            window_loss += loss.item() * n_tokens
+            window_loss += token_loss.item()
             window_tokens += n_tokens
             done = step + 1
             if done % sft.log_every == 0 or done == sft.steps:

@@ -38,7 +38,12 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None) ->
     from taut.evaluate import write_report
 
     policy, checkpoint = load_for_eval(config, target)
-    result, samples = evaluate_policy(config, policy, {"checkpoint": str(checkpoint), "target": str(target)})
+    meta = {"checkpoint": str(checkpoint), "target": str(target)}
+    if (checkpoint / "trainer_state.json").exists():
+        from taut.checkpoint import read_state
+
+        meta["step"] = read_state(checkpoint)["step"]
+    result, samples = evaluate_policy(config, policy, meta)
     if out is None:
         run_dir = Path(target) if (Path(target) / "checkpoints").is_dir() else checkpoint
         out = run_dir / "eval" / f"{checkpoint.name}.json"
@@ -60,6 +65,10 @@ def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
     before, _ = evaluate_target(config, first, run_dir / "eval" / f"{first.name}.json")
     after, _ = evaluate_target(config, last, run_dir / "eval" / f"{last.name}.json")
     console.print(before_after_table(before, after))
+    from taut.report import write_run_report
+
+    report = write_run_report(run_dir)
+    console.print(f"report: [bold]{report}[/bold]")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s; run directory: [bold]{run_dir}[/bold]")
     return run_dir
 
@@ -130,3 +139,33 @@ def data_stats(config: RunConfig, n: int = 400) -> dict[str, Any]:
         "domains": len(DOMAINS), "held_out": [n for n, d in DOMAINS.items() if d.held_out], "levels": list(LEVELS),
         "mixture": config.data.mixture.model_dump(), "mixture_redundancy": total_redundant / total_tokens, "cells": cells,
     }
+
+
+def forced_decisions(config: RunConfig, target: Path) -> dict[str, Any]:
+    """Testbed health check: sampled accuracy per level with thinking forced (the first response
+    token may not be `</think>`) and with the direct answer forced (the response starts with
+    `</think>`), next to the model's own choice; plus accuracy with and without post-answer rounds."""
+    from taut.metrics import mean
+
+    policy, checkpoint = load_for_eval(config, target)
+    end_think = policy.tokenizer.convert_tokens_to_ids("</think>")
+    runs = {
+        "free": evaluate_policy(config, policy, {"checkpoint": str(checkpoint)}),
+        "think": evaluate_policy(config, policy, {"checkpoint": str(checkpoint)}, ban_first=[end_think]),
+        "direct": evaluate_policy(config, policy, {"checkpoint": str(checkpoint)}, response_prefix=[end_think]),
+    }
+    levels = sorted(runs["free"][0]["by_level"], key=int)
+    table = {}
+    for level in levels:
+        free_samples = [s for s in runs["free"][1] if str(s.difficulty) == level]
+        table[level] = {
+            **{f"{mode}_accuracy": runs[mode][0]["by_level"][level]["accuracy"] for mode in runs},
+            **{f"{mode}_tokens": runs[mode][0]["by_level"][level]["tokens_mean"] for mode in runs},
+            "thinks_rate": runs["free"][0]["by_level"][level]["thinks_rate"],
+            "accuracy_with_rounds": mean([s.correct for s in free_samples if s.post_answer_rounds]),
+            "accuracy_without_rounds": mean([s.correct for s in free_samples if not s.post_answer_rounds]),
+            "rounds_rate": runs["free"][0]["by_level"][level]["rounds_rate"],
+        }
+    by_domain = {mode: {d: runs[mode][0]["by_domain"][d]["accuracy"] for d in runs[mode][0]["by_domain"]} for mode in runs}
+    return {"checkpoint": str(checkpoint), "by_level": table, "by_domain": by_domain,
+            "by_cell": {mode: {c: runs[mode][0]["by_cell"][c]["accuracy"] for c in runs[mode][0]["by_cell"]} for mode in runs}}

@@ -40,44 +40,74 @@ class GroupBatch:
             raise ValueError(f"{len(self.prompt_ids)} prompt ids for {shape[0]} groups")
 
     @classmethod
-    def from_flat(cls, group_ids: list[str], correct, lengths, truncated, *, step: int, cap: int, budgets=None) -> "GroupBatch":
+    def from_flat(cls, group_ids: list[str], correct, lengths, truncated, *, step: int, cap: int,
+                  budgets=None, group_size: int | None = None) -> "GroupBatch":
         """Regroup flat per-rollout lists whose rollouts of one prompt are contiguous.
 
         Every group must be whole: a prompt whose rollouts are split across a batch boundary
         (fewer rollouts than the others, or not contiguous) is an error, because its group
-        statistics would be computed from part of the group.
+        statistics would be computed from part of the group. With `group_size` the groups are
+        the consecutive blocks of that size, so the same prompt may be drawn twice in a batch
+        (two independent groups); without it, runs of one id are the groups and every prompt
+        may appear once.
         """
         if not group_ids:
             raise ValueError("empty batch")
-        runs: list[tuple[str, int]] = []
-        for gid in group_ids:
-            if runs and runs[-1][0] == gid:
-                runs[-1] = (gid, runs[-1][1] + 1)
-            else:
-                runs.append((gid, 1))
-        seen = [gid for gid, _ in runs]
-        if len(set(seen)) != len(seen):
-            dup = next(g for g in seen if seen.count(g) > 1)
-            raise ValueError(f"rollouts of prompt {dup!r} are not contiguous; group rollouts by prompt")
-        sizes = {n for _, n in runs}
-        if len(sizes) != 1:
-            size = max(sizes)
-            short = [(gid, n) for gid, n in runs if n != size]
-            raise ValueError(
-                f"group {short[0][0]!r} has {short[0][1]} of {size} rollouts in this batch: a group split "
-                f"across a batch boundary cannot be scored; make the batch a multiple of the group size"
-            )
-        g = sizes.pop()
+        runs = _groups(list(group_ids), group_size)
+        g = runs[0][1]
+        n = len(group_ids)
+        for name, values in (("correct", correct), ("lengths", lengths), ("truncated", truncated)):
+            if len(values) != n:
+                raise ValueError(f"{len(values)} {name} values for {n} rollouts")
         as_grid = lambda x, dtype: torch.as_tensor(np.asarray(x), dtype=dtype).view(len(runs), g)  # noqa: E731
+        budget_grid = None
+        if budgets is not None:
+            budget_grid = as_grid(budgets, torch.long)
+            if (budget_grid != budget_grid[:, :1]).any():
+                raise ValueError("every rollout of a group must carry its prompt's one budget")
         return cls(
             correct=as_grid(correct, torch.bool),
             lengths=as_grid(lengths, torch.long),
             truncated=as_grid(truncated, torch.bool),
             step=step,
             cap=cap,
-            prompt_ids=tuple(seen),
-            budgets=None if budgets is None else torch.as_tensor(np.asarray(budgets)).view(len(runs), g)[:, 0],
+            prompt_ids=tuple(gid for gid, _ in runs),
+            budgets=None if budget_grid is None else budget_grid[:, 0],
         )
+
+
+def _groups(group_ids: list[str], group_size: int | None) -> list[tuple[str, int]]:
+    """(prompt id, rollouts) per group, in batch order; raises on a split or interleaved group."""
+    if group_size is not None:
+        if group_size < 1 or len(group_ids) % group_size:
+            raise ValueError(
+                f"{len(group_ids)} rollouts do not make whole groups of {group_size}: a group split across a "
+                f"batch boundary cannot be scored; make the batch a multiple of the group size")
+        blocks = [group_ids[i : i + group_size] for i in range(0, len(group_ids), group_size)]
+        for block in blocks:
+            if len(set(block)) != 1:
+                raise ValueError(f"a block of {group_size} rollouts mixes prompts {sorted(set(block))}: "
+                                 f"group rollouts by prompt, contiguously")
+        return [(block[0], group_size) for block in blocks]
+    runs: list[tuple[str, int]] = []
+    for gid in group_ids:
+        if runs and runs[-1][0] == gid:
+            runs[-1] = (gid, runs[-1][1] + 1)
+        else:
+            runs.append((gid, 1))
+    seen = [gid for gid, _ in runs]
+    if len(set(seen)) != len(seen):
+        dup = next(g for g in seen if seen.count(g) > 1)
+        raise ValueError(f"rollouts of prompt {dup!r} are not contiguous; group rollouts by prompt "
+                         f"(or pass group_size when a prompt is drawn twice)")
+    size = max(n for _, n in runs)
+    short = [(gid, n) for gid, n in runs if n != size]
+    if short:
+        raise ValueError(
+            f"group {short[0][0]!r} has {short[0][1]} of {size} rollouts in this batch: a group split "
+            f"across a batch boundary cannot be scored; make the batch a multiple of the group size"
+        )
+    return runs
 
 
 @dataclass
@@ -89,6 +119,20 @@ class Shaped:
 def correctness(batch: GroupBatch) -> Tensor:
     """The base reward: 1 for a correct answer, 0 otherwise."""
     return batch.correct.float()
+
+
+def penalty_metrics(base: Tensor, shaped: Tensor) -> dict[str, float]:
+    """The two metrics every penalising strategy logs, from rewards before and after shaping.
+
+    penalised_frac  share of the batch's rollouts whose reward the strategy lowered
+    penalty_mean    mean reward removed, over those rollouts (0 when none)
+    """
+    removed = base - shaped                                                       # [P, G]
+    penalised = removed > 1e-12
+    return {
+        "penalised_frac": penalised.float().mean().item(),
+        "penalty_mean": removed[penalised].mean().item() if penalised.any() else 0.0,
+    }
 
 
 class Strategy:

@@ -9,12 +9,14 @@ added to the correctness reward of every rollout, correct or not:
     r_i = 1[correct_i] + R_len(ℓ_i)
 
 f is the penalty factor (1 in the paper). L_max defaults to the rollout cap of the step, so the
-penalty follows a cap that changes; the buffer is given as a fraction of L_max.
+penalty follows a cap that changes; the buffer is given as a fraction of L_max, 0.2 by default
+as in the paper (L_cache = 4,096 of L_max = 20,480).
 
 The presets are the "global soft penalty" baselines of arXiv 2601.06052, whose settings are not
 public. Our reading: `dapo-lite` a quarter of the cap as buffer at half strength,
 `dapo-heavy` three quarters of the cap at full strength — so the heavy one starts penalising
-well inside the lengths that hard problems need.
+well inside the lengths that hard problems need. Metrics: penalised_frac (rollouts in or past
+the buffer) and penalty_mean (mean |R_len| over them).
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.schema import Strict
 
 
 class DapoOverlongConfig(Strict):
     name: Literal["dapo-overlong"] = "dapo-overlong"
-    buffer_fraction: float = Field(0.25, gt=0, le=1, description="L_cache as a fraction of L_max")
+    buffer_fraction: float = Field(0.2, gt=0, le=1, description="L_cache as a fraction of L_max (paper: 4096 / 20480)")
     penalty_factor: float = Field(1.0, gt=0)
     max_length: int | None = Field(None, gt=0, description="L_max in tokens; default: the rollout cap")
 
@@ -66,12 +68,6 @@ class DapoOverlong(Strategy):
     def shape(self, batch: GroupBatch) -> Shaped:
         cfg = self.config
         max_length = cfg.max_length or batch.cap
-        penalty = overlong_penalty(batch.lengths, max_length, cfg.buffer_fraction * max_length, cfg.penalty_factor)
-        penalised = penalty < 0
-        return Shaped(
-            correctness(batch) + penalty,
-            {
-                "penalised_frac": penalised.float().mean().item(),
-                "penalty_mean": (-penalty[penalised]).mean().item() if penalised.any() else 0.0,
-            },
-        )
+        base = correctness(batch)
+        rewards = base + overlong_penalty(batch.lengths, max_length, cfg.buffer_fraction * max_length, cfg.penalty_factor)
+        return Shaped(rewards, penalty_metrics(base, rewards))

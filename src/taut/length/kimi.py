@@ -8,7 +8,8 @@ Over the G rollouts of one prompt, with ℓ_min and ℓ_max the shortest and lon
 
 The paper does not give the weight w (default here 0.5) nor when its warm-up without the
 penalty ends; run it as a phase after an accuracy phase to get the warm-up. Statistics are
-per prompt group, in tokens.
+per prompt group, in tokens. Metrics: penalised_frac (rollouts with len_i < 0) and penalty_mean
+(mean −w·len_i over them).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.schema import Strict
 
 
@@ -45,6 +46,6 @@ class Kimi(Strategy):
         self.config = config
 
     def shape(self, batch: GroupBatch) -> Shaped:
-        bonus = self.config.weight * kimi_length_reward(batch.correct, batch.lengths)
-        return Shaped(correctness(batch) + bonus, {"penalised_frac": (bonus < 0).float().mean().item(),
-                                                   "penalty_mean": (-bonus[bonus < 0]).mean().item() if (bonus < 0).any() else 0.0})
+        base = correctness(batch)
+        rewards = base + self.config.weight * kimi_length_reward(batch.correct, batch.lengths)
+        return Shaped(rewards, penalty_metrics(base, rewards))

@@ -8,7 +8,11 @@ written into it ("Think for n_gold tokens."; the testbed writes `budget D D` bef
 
 The paper uses α = 0.0003 with budgets of 100–4000 tokens; testbed responses are 4–100 tokens,
 so the defaults scale α up (0.01). The paper trains l1-max starting from an l1-exact model and
-does not give its α; chain the two as phases to follow it.
+does not give its α; chain the two as phases to follow it. The paper's max-mode prompt wording is
+not public either: both modes write the same `budget D D` words, and only the reward differs.
+Budgets are drawn per prompt, uniformly over the integers n_min..n_max inclusive. Metrics:
+penalised_frac, penalty_mean (reward below 1[correct]), budget_mean, budget_abs_error (mean
+|n_gold − ℓ|).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.schema import Strict
 
 
@@ -55,11 +59,11 @@ class L1(Strategy):
         if batch.budgets is None:
             raise ValueError(f"{self.name} needs the prompt budgets in the batch")
         gold = batch.budgets.float().unsqueeze(1)              # [P, 1]
-        length = batch.lengths.float()
+        length = batch.lengths.float()                         # [P, G]
         c = correctness(batch)
         if isinstance(self.config, L1MaxConfig):
             rewards = c * (self.config.alpha * (gold - length) + self.config.delta).clamp(0.0, 1.0)
         else:
             rewards = c - self.config.alpha * (gold - length).abs()
-        return Shaped(rewards, {"budget_mean": gold.mean().item(),
+        return Shaped(rewards, {**penalty_metrics(c, rewards), "budget_mean": gold.mean().item(),
                                 "budget_abs_error": (gold - length).abs().mean().item()})

@@ -14,12 +14,16 @@ For a group of G rollouts of one prompt with correctness c_i and lengths ℓ_i:
     reward         r_i = c_i − 1[gate] · c_i · 1[ℓ_i > s] · min(P_max, α · e_i)
 
 (* only with `use_best_seen`; the best is the shortest correct length seen for this prompt in
-any earlier batch, kept in checkpoints.)
+any earlier batch, kept in checkpoints through `state_dict`.)
 
 P_max < 1, so a correct answer always scores above a wrong one (which scores 0). Wrong answers
 and prompts whose gate is closed get the correctness reward unchanged. Because the penalty
 makes a gated group's rewards unequal, dynamic sampling keeps such groups (it drops groups only
 after shaping, on the shaped rewards).
+
+Metrics: gate_open (share of groups gated), penalised_frac (share of rollouts penalised),
+penalty_mean (mean penalty over penalised rollouts), safe_len_mean (mean s over gated groups;
+NaN, logged as null, when no gate is open).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.schema import Strict
 
 
@@ -53,19 +57,20 @@ def mastery_gated_rewards(
     max_penalty: float,
     best_seen: Tensor | None = None,   # [P] float, inf where nothing seen
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Shaped rewards [P, G] and per-group/rollout intermediates (pure function)."""
+    """Shaped rewards [P, G] and the per-group gate and safe length (pure function)."""
     c = correct.float()
     length = lengths.float()
-    gate = c.mean(dim=1) >= tau - 1e-9                                           # [P]
-    shortest = torch.where(correct, length, torch.full_like(length, float("inf"))).amin(dim=1)  # [P]
+    gate = c.mean(dim=1) >= tau - 1e-9                                            # [P]
+    inf = torch.full_like(length, float("inf"))
+    shortest = torch.where(correct, length, inf).amin(dim=1)                      # [P], inf: none correct
     if best_seen is not None:
         shortest = torch.minimum(shortest, best_seen)
     safe = (1 + slack) * shortest                                                 # [P]
-    safe_g = safe.unsqueeze(1)
-    excess = ((length - safe_g) / safe_g).clamp(min=0)                            # [P, G]
+    safe_g = safe.unsqueeze(1)                                                    # [P, 1]
     penalised = gate.unsqueeze(1) & correct & (length > safe_g)                   # [P, G]
-    penalty = torch.where(penalised, (alpha * excess).clamp(max=max_penalty), torch.zeros_like(length))
-    return c - penalty, {"gate": gate, "safe": safe, "penalised": penalised, "penalty": penalty}
+    excess = torch.where(penalised, (length - safe_g) / safe_g, torch.zeros_like(length))
+    penalty = (alpha * excess).clamp(max=max_penalty)                             # 0 where not penalised
+    return c - penalty, {"gate": gate, "safe": safe}
 
 
 class MasteryGated(Strategy):
@@ -87,26 +92,24 @@ class MasteryGated(Strategy):
             max_penalty=cfg.max_penalty, best_seen=best,
         )
         self._remember(batch)
-        gate, penalised, penalty, safe = parts["gate"], parts["penalised"], parts["penalty"], parts["safe"]
+        gate, safe = parts["gate"], parts["safe"]
         metrics = {
             "gate_open": gate.float().mean().item(),
-            "penalised_frac": penalised.float().mean().item(),
-            "penalty_mean": (penalty[penalised].mean().item() if penalised.any() else 0.0),
+            **penalty_metrics(correctness(batch), rewards),
+            "safe_len_mean": safe[gate].mean().item() if gate.any() else float("nan"),
         }
-        if gate.any():
-            metrics["safe_len_mean"] = safe[gate].mean().item()
         return Shaped(rewards, metrics)
 
     def _remember(self, batch: GroupBatch) -> None:
-        if not batch.prompt_ids:
-            return
-        length = torch.where(batch.correct, batch.lengths, torch.full_like(batch.lengths, 2**62)).amin(dim=1)
-        for pid, shortest in zip(batch.prompt_ids, length.tolist()):
-            if shortest < 2**62 and shortest < self.best_seen.get(pid, 2**62):
-                self.best_seen[pid] = int(shortest)
+        """Record each prompt's shortest correct length in this batch, after it was scored."""
+        for pid, correct, lengths in zip(batch.prompt_ids, batch.correct, batch.lengths):
+            if correct.any():
+                shortest = int(lengths[correct].min())
+                self.best_seen[pid] = min(shortest, self.best_seen.get(pid, shortest))
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_seen": dict(self.best_seen)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_seen = {str(k): int(v) for k, v in state.get("best_seen", {}).items()}
+        """Restore the memory; an empty state (a phase that starts afresh) clears it."""
+        self.best_seen = {str(k): int(v) for k, v in state["best_seen"].items()} if state else {}

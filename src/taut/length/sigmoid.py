@@ -1,17 +1,25 @@
 """`sigmoid` (Arora & Zanette, arXiv 2502.04463) and `grpo-lambda` (arXiv 2505.18086).
 
 sigmoid — for every prompt, with mean μ and standard deviation σ of the lengths of its
-*correct* rollouts (population std, + 1e-7 as in the official code):
+*correct* rollouts:
 
     r_i = 1[correct_i] · (1 − α · sigmoid((ℓ_i − μ) / (σ + 1e-7)))
 
-The paper optimises it with an RLOO advantage *without* std normalisation; its recipe sets
-`rl.adv_norm: none`. α ∈ {0.05, 0.1, 0.2, 0.4} in the paper; code default 0.1.
+α ∈ {0.05, 0.1, 0.2, 0.4} in the paper; 0.1 is the official code's default and ours. The paper
+optimises it with PPO and the RLOO advantage r_i − mean_{j≠i} r_j, *without* std normalisation;
+`rl.adv_norm: none` gives r_i − mean_j r_j, the same up to the factor G/(G−1), and the shipped
+recipe sets it. Departures: σ is the population std (the paper does not say which; + 1e-7 as
+in the official code); the official code can score a response without EOS as 0
+(`check_eos`), whereas here a truncated rollout is graded by the task's verifier like any other.
 
 grpo-lambda — rank the groups of the batch by correctness ratio; the top-λ fraction
 (ceil(λ·P) groups, ties broken by batch order) get the sigmoid reward above, the others the
 plain correctness reward; then standard GRPO advantages *with* std normalisation. λ = 0.2 is
-the paper's example; α = 0.6 comes from third-party code, not the paper (methods.md §3e).
+the paper's example; α = 0.6 comes from third-party code, not the paper, whose α is not
+public. The batch ranked is the one the trainer shapes at once (one sampling round).
+
+Metrics: penalised_frac and penalty_mean (reward below 1[correct]); grpo-lambda also logs
+gate_open, the share of groups selected for the penalty.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.schema import Strict
 
 
@@ -56,8 +64,7 @@ class Sigmoid(Strategy):
 
     def shape(self, batch: GroupBatch) -> Shaped:
         rewards = sigmoid_rewards(batch.correct, batch.lengths, self.config.alpha)
-        penalty = correctness(batch) - rewards
-        return Shaped(rewards, {"penalty_mean": penalty[batch.correct].mean().item() if batch.correct.any() else 0.0})
+        return Shaped(rewards, penalty_metrics(correctness(batch), rewards))
 
 
 class GrpoLambda(Strategy):
@@ -67,14 +74,18 @@ class GrpoLambda(Strategy):
         self.config = config
 
     def shape(self, batch: GroupBatch) -> Shaped:
-        n_groups = batch.correct.shape[0]
-        ratio = batch.correct.float().mean(dim=1)
-        k = math.ceil(self.config.fraction * n_groups)
-        order = sorted(range(n_groups), key=lambda i: -ratio[i].item())   # stable: ties keep batch order
-        selected = torch.zeros(n_groups, dtype=torch.bool)
-        selected[order[:k]] = True
+        selected = top_groups(batch.correct, self.config.fraction)                # [P]
+        base = correctness(batch)
         shaped = sigmoid_rewards(batch.correct, batch.lengths, self.config.alpha)
-        rewards = torch.where(selected.unsqueeze(1), shaped, correctness(batch))
-        return Shaped(rewards, {"gate_open": selected.float().mean().item(),
-                                "penalty_mean": (correctness(batch) - rewards)[selected.unsqueeze(1) & batch.correct].mean().item()
-                                if (selected.unsqueeze(1) & batch.correct).any() else 0.0})
+        rewards = torch.where(selected.unsqueeze(1), shaped, base)
+        return Shaped(rewards, {"gate_open": selected.float().mean().item(), **penalty_metrics(base, rewards)})
+
+
+def top_groups(correct: Tensor, fraction: float) -> Tensor:
+    """[P] bool: the ceil(λ·P) groups with the highest correctness ratio, ties in batch order."""
+    n_groups = correct.shape[0]
+    ratio = correct.float().mean(dim=1).tolist()
+    order = sorted(range(n_groups), key=lambda i: -ratio[i])       # stable: ties keep batch order
+    selected = torch.zeros(n_groups, dtype=torch.bool)
+    selected[order[: math.ceil(fraction * n_groups)]] = True
+    return selected

@@ -6,9 +6,11 @@
 The paper's reward extracts the answer from clip(y, L(t)); a response that reached the cap has
 no final answer in its setting. The testbed writes its answer before post-answer rounds, so a
 capped rollout may already hold a gradable answer: we score every rollout that hit the cap as
-0, as the paper's "rollouts hitting the cap score 0" intends. t counts steps from the start of
-the phase that runs the schedule. There is no explicit length penalty: the only pressure
-comes from truncation.
+0, as the paper's "rollouts hitting the cap score 0" intends. L(t) replaces `rl.max_new_tokens`
+as the rollout cap; t is the step the trainer passes (counted from the start of the phase that
+runs the schedule). There is no explicit length penalty: the only pressure comes from
+truncation. Metrics: penalised_frac (correct rollouts zeroed because they hit the cap) and
+penalty_mean (1 whenever any were); the trainer logs the cap L(t) itself.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.length.schedules import ScheduleKind, length_cap
 from taut.schema import Strict
 
@@ -36,6 +38,13 @@ class SiriConfig(Strict):
         return self
 
 
+def capped_rewards(batch: GroupBatch) -> Shaped:
+    """The length-capping reward shared by siri, hard-truncation and thinkprune."""
+    base = correctness(batch)
+    rewards = base * (~batch.truncated).float()
+    return Shaped(rewards, penalty_metrics(base, rewards))
+
+
 class Siri(Strategy):
     name = "siri"
 
@@ -47,5 +56,4 @@ class Siri(Strategy):
         return length_cap(c.schedule, step, c.l_max, c.l_min, c.period)
 
     def shape(self, batch: GroupBatch) -> Shaped:
-        rewards = correctness(batch) * (~batch.truncated).float()
-        return Shaped(rewards, {"cap": float(batch.cap), "truncated_correct_zeroed": float((batch.correct & batch.truncated).float().mean())})
+        return capped_rewards(batch)

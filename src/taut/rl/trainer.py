@@ -15,23 +15,37 @@ batch, π_old comes from one no-grad forward before the first update.
 from __future__ import annotations
 
 import copy
+import json
+import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from taut.checkpoint import latest_checkpoint, load_generators, load_optimizer, read_state, remove_partial, save_checkpoint
+from taut.checkpoint import (
+    SELECTION,
+    chosen_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_generators,
+    load_optimizer,
+    read_state,
+    remove_partial,
+    save_checkpoint,
+    step_name,
+    write_json_atomic,
+)
 from taut.config import RunConfig, to_yaml
+from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, draw_mixture, mixture_share, select
 from taut.length import GroupBatch, Strategy, build_strategy
 from taut.metrics import mean, percentile
 from taut.models import Policy, load_policy
 from taut.rl.advantages import group_advantages
 from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs
 from taut.rl.losses import aggregation_weights, clipped_policy_loss, sft_loss
-from taut.rollout import SamplingParams
-from taut.rollout.hf import HFEngine
+from taut.rollout import RolloutEngine, SamplingParams, build_engine
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import Problem, Task, load_task
 from taut.tasks.base import OracleTask
@@ -96,6 +110,8 @@ class RolloutBatch:
     responses: list[list[int]] = field(default_factory=list)    # [K*G]
     rewards: list[torch.Tensor] = field(default_factory=list)   # K tensors [G]
     sampled: dict[str, list] = field(default_factory=lambda: {"correct": [], "length": [], "truncated": [], "redundancy": [], "thinks": []})
+    group_pass: list[tuple[str, float]] = field(default_factory=list)   # (problem id, pass rate) of every sampled group
+    verifier_errors: int = 0
     strategy_metrics: dict[str, float] = field(default_factory=dict)
     groups_sampled: int = 0
     rounds: int = 0
@@ -104,7 +120,7 @@ class RolloutBatch:
     reward_time: float = 0.0
 
 
-def collect(policy: Policy, engine: HFEngine, pool: PromptPool, strategy: Strategy, cfg, *, step: int, cap: int,
+def collect(policy: Policy, engine: RolloutEngine, draw, strategy: Strategy, cfg, *, step: int, cap: int,
             generator: torch.Generator, np_rng: np.random.Generator) -> RolloutBatch:
     """Generate, grade and shape; with dynamic sampling, drop equal-reward groups and resample."""
     G, P = cfg.group_size, cfg.prompts_per_step
@@ -112,7 +128,7 @@ def collect(policy: Policy, engine: HFEngine, pool: PromptPool, strategy: Strate
     params = SamplingParams(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p)
     while out.rounds < cfg.max_sampling_rounds and len(out.rewards) < P:
         out.rounds += 1
-        items = pool.next(P)
+        items = draw(P)
         budgets = [strategy.budget(np_rng) for _ in items]
         problems = [p if b is None else task.with_budget(p, b) for (task, p), b in zip(items, budgets)]
         prompt_ids = [policy.encode_prompt(p.prompt) for p in problems]
@@ -128,7 +144,9 @@ def collect(policy: Policy, engine: HFEngine, pool: PromptPool, strategy: Strate
             task, problem = items[rollouts.prompt_index[row]][0], problems[rollouts.prompt_index[row]]
             text = policy.decode(tokens)
             complete = not rollouts.truncated[row]
-            correct.append(task.verify(problem, text, complete).correct)
+            verdict = task.verify(problem, text, complete)
+            correct.append(verdict.correct)
+            out.verifier_errors += verdict.error is not None
             if isinstance(task, OracleTask):
                 analysis = task.analyze(problem, text, complete)
                 out.sampled["redundancy"].append(analysis.redundant_tokens / max(1, analysis.length))
@@ -136,6 +154,7 @@ def collect(policy: Policy, engine: HFEngine, pool: PromptPool, strategy: Strate
         batch = GroupBatch.from_flat(
             [p.id for p in problems for _ in range(G)], correct, rollouts.lengths, rollouts.truncated,
             step=step, cap=cap, budgets=None if budgets[0] is None else [b for b in budgets for _ in range(G)],
+            group_size=G,
         )
         shaped = strategy.shape(batch)
         out.reward_time += time.perf_counter() - t0
@@ -145,6 +164,7 @@ def collect(policy: Policy, engine: HFEngine, pool: PromptPool, strategy: Strate
         out.sampled["length"] += rollouts.lengths
         out.sampled["truncated"] += rollouts.truncated
         out.groups_sampled += len(items)
+        out.group_pass += list(zip(batch.prompt_ids, batch.correct.float().mean(dim=1).tolist()))
 
         spread = shaped.rewards.amax(dim=1) - shaped.rewards.amin(dim=1)          # [P]
         for g in range(len(items)):
@@ -242,24 +262,82 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
 
 
 # ---------------------------------------------------------------------------------------------
+# validation: fixed problems, fixed random stream, so checkpoints compare with less noise
+# ---------------------------------------------------------------------------------------------
+
+
+class Validator:
+    def __init__(self, config: RunConfig, policy: Policy):
+        from taut.config import EvalConfig
+
+        v = config.validation
+        self.config = EvalConfig(split="validation", n_per_level=v.n_per_level, samples=v.samples,
+                                 temperature=v.temperature, budgets=[])
+        self.policy = policy
+        self.max_new_tokens = config.rl.max_new_tokens
+        self.seed = config.seed
+        tasks = [load_task(spec, config.data.levels) for spec in (v.tasks or config.data.train)]
+        self.problems = [(t, p) for t in tasks for p in t.problems("validation", v.n_per_level, config.data.seed)]
+        if not self.problems:
+            raise ValueError("the validation split is empty: check validation.tasks and data.levels")
+
+    def __call__(self) -> dict[str, float]:
+        from taut.evaluate import generate_and_grade
+
+        samples = generate_and_grade(self.policy, [], self.config, self.max_new_tokens, seed=self.seed, problems=self.problems)
+        return {"val_accuracy": mean([s.correct for s in samples]), "val_tokens_mean": mean([s.length for s in samples]),
+                "val_truncation_rate": mean([s.truncated for s in samples])}
+
+
+# ---------------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """Where the run stands in its plan; saved in every checkpoint."""
+
+    step: int = 0
+    phase_index: int = 0
+    phase_start_step: int = 0
+    phase_started: bool = False             # the phase-start validation has been done
+    candidates: list[dict] = field(default_factory=list)    # validated checkpoints (curriculum.Candidate)
+    phases: list[dict] = field(default_factory=list)        # finished phases: boundaries, why they ended
+    detectors: dict = field(default_factory=dict)
+
+
+class Sampler:
+    """Draws training prompts: shuffled epochs of the pool, or the phase's mastered/unmastered mix."""
+
+    def __init__(self, pool: PromptPool, tracker: MasteryTracker, seed: int):
+        self.pool, self.tracker = pool, tracker
+        self.rng = np.random.default_rng([seed, 7])
+        self.config = None
+
+    def __call__(self, n: int) -> list[tuple[Task, Problem]]:
+        cfg = self.config
+        if cfg is None or cfg.mastered_fraction is None:
+            return self.pool.next(n)
+        ids = [p.id for _, p in self.pool.items]
+        mastered = [self.tracker.mastered(i, cfg.mastery_threshold) for i in ids]
+        share = mixture_share(cfg, sum(mastered) / len(mastered))
+        return [self.pool.items[i] for i in draw_mixture(ids, mastered, n, share, self.rng)]
 
 
 def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False) -> Path:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = config.rl
-    total = config.rl_steps()
+    plan = config.plan()
 
-    # ---- policy, optimizer, strategy, data (fresh or from the latest checkpoint) -------------
-    start, ckpt = 0, latest_checkpoint(run_dir) if resume else None
+    # ---- policy, optimizer, data, state (fresh, or from the latest checkpoint) ----------------
+    ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         console.print(f"[yellow]no checkpoint in {run_dir} yet: starting from the beginning[/yellow]")
     if ckpt is not None:
         remove_partial(run_dir)
         state = read_state(ckpt)
-        start = state["step"]
         policy = load_policy(config.model.model_copy(update={"path": str(ckpt), "preset": None, "lora": None}))
     else:
         (run_dir / "config.yaml").write_text(to_yaml(config))
@@ -267,86 +345,190 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     model = policy.model
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    strategy = build_strategy(config.strategy)
     pool = build_pool(config)
+    tracker = MasteryTracker()
+    sampler = Sampler(pool, tracker, config.seed)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     np_rng = np.random.default_rng(config.seed)
+    progress = Progress()
+    strategy_state: dict = {}
     if ckpt is not None:
         load_optimizer(optimizer, ckpt)
         load_generators(ckpt, {"sampling": generator})
         pool.load_state_dict(state["pool"])
-        strategy.load_state_dict(state["strategy"])
+        tracker.load_state_dict(state["mastery"])
+        sampler.rng.bit_generator.state = state["sampler_rng"]
         np_rng.bit_generator.state = state["np_rng"]
-    engine = HFEngine(model, policy.eos_id, policy.pad_id)
-    reference = None
-    if cfg.kl_coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if ckpt is not None else None)
+        progress = Progress(**state["progress"])
+        strategy_state = state["strategy"]
+    engine = build_engine(cfg.engine, policy)
+    validator = Validator(config, policy) if config.validation.every else None
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=progress.step if ckpt is not None else None)
+    strategy: Strategy | None = None
 
-    def checkpoint(step: int) -> None:
-        save_checkpoint(run_dir, step, policy, {
-            "kind": "rl", "pool": pool.state_dict(), "strategy": strategy.state_dict(),
-            "np_rng": np_rng.bit_generator.state,
+    def checkpoint() -> Path:
+        return save_checkpoint(run_dir, progress.step, policy, {
+            "kind": "rl", "pool": pool.state_dict(), "mastery": tracker.state_dict(),
+            "sampler_rng": sampler.rng.bit_generator.state, "np_rng": np_rng.bit_generator.state,
+            "strategy": strategy.state_dict() if strategy else {}, "progress": asdict(progress),
         }, optimizer, {"sampling": generator})
 
-    if start == 0:
-        checkpoint(0)                         # the starting point, so every run can be compared to it
+    def validate(phase_name: str) -> dict[str, float]:
+        """Validate the current weights, save them, and add them to the candidates."""
+        result = validator()
+        checkpoint()
+        progress.candidates.append(Candidate(progress.step, step_name(progress.step), phase_name,
+                                             result["val_accuracy"], result["val_tokens_mean"]).to_dict())
+        return result
 
-    with StepProgress(total, f"rl {config.strategy.name}", quiet, start) as progress:
-        for step in range(start, total):
-            t_step = time.perf_counter()
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            cap = strategy.cap(step, cfg.max_new_tokens)
+    if ckpt is None:
+        checkpoint()                          # the starting point, so every run can be compared to it
 
-            # ---- rollouts, grades, shaped rewards ------------------------------------------
-            batch = collect(policy, engine, pool, strategy, cfg, step=step, cap=cap, generator=generator, np_rng=np_rng)
+    with StepProgress(config.rl_steps(), f"rl {plan[0].strategy.name}", quiet, progress.step) as bar:
+        while progress.phase_index < len(plan):
+            phase = plan[progress.phase_index]
+            strategy = build_strategy(phase.strategy)
+            strategy.load_state_dict(strategy_state)
+            strategy_state = {}
+            sampler.config = phase.sampler
+            lr = phase.lr or cfg.lr
+            if not progress.phase_started:                    # ---- phase start --------------------
+                progress.phase_start_step = progress.step
+                start_record = {"step": progress.step, "phase": phase.name, "event": "phase-start"}
+                if validator:
+                    start_record |= validate(phase.name)
+                start_accuracy = start_record.get("val_accuracy")
+                progress.detectors = CollapseDetectors(phase.stop, start_accuracy).state_dict()
+                progress.phase_started = True
+                log.write(start_record)
+            detectors = CollapseDetectors(phase.stop, None)
+            detectors.load_state_dict(progress.detectors)
+            phase_start_accuracy = detectors.start_accuracy
+            end = progress.phase_start_step + phase.steps
+            trip = None
+            while progress.step < end and trip is None:
+                t_step = time.perf_counter()
+                step_in_phase = progress.step - progress.phase_start_step
+                current_lr = lr * min(1.0, (progress.step + 1) / cfg.warmup_steps) if cfg.warmup_steps else lr
+                for group in optimizer.param_groups:
+                    group["lr"] = current_lr
+                cap = strategy.cap(step_in_phase, cfg.max_new_tokens)
 
-            # ---- update ----------------------------------------------------------------------
-            t_update = time.perf_counter()
-            losses = (update(policy, optimizer, batch, strategy, cfg, cap=cap, reference=reference) if batch.rewards
-                      else dict.fromkeys(LOSS_METRICS, None) | {"skipped": 0.0})
-            engine.sync_weights()
-            t_update = time.perf_counter() - t_update
+                # ---- rollouts, grades, shaped rewards --------------------------------------------
+                batch = collect(policy, engine, sampler, strategy, cfg, step=step_in_phase, cap=cap,
+                                generator=generator, np_rng=np_rng)
+                for pid, rate in batch.group_pass:
+                    tracker.record(pid, progress.step, rate)
 
-            # ---- log -------------------------------------------------------------------------
-            done = step + 1
-            lengths = batch.sampled["length"]
-            record = {
-                "step": done, "strategy": config.strategy.name, "cap": cap, "lr": lr,
-                "reward": float(torch.stack(batch.rewards).mean()) if batch.rewards else None,
-                "accuracy": mean(batch.sampled["correct"]),
-                "length_mean": mean(lengths), "length_p50": percentile(lengths, 50),
-                "length_p90": percentile(lengths, 90), "length_max": max(lengths),
-                "truncation_rate": mean(batch.sampled["truncated"]),
-                "groups_kept": len(batch.rewards), "groups_sampled": batch.groups_sampled, "sampling_rounds": batch.rounds,
-                **({"redundancy": mean(batch.sampled["redundancy"]), "thinks_rate": mean(batch.sampled["thinks"])}
-                   if batch.sampled["redundancy"] else {}),
-                **batch.strategy_metrics, **losses,
-                "step_time": time.perf_counter() - t_step, "gen_time": batch.gen_time, "update_time": t_update,
-                "reward_time": batch.reward_time, "rollout_tokens_per_s": batch.generated_tokens / max(batch.gen_time, 1e-9),
-            }
-            if done % cfg.log_every == 0 or done == total:
+                # ---- update ----------------------------------------------------------------------
+                t_update = time.perf_counter()
+                losses = (update(policy, optimizer, batch, strategy, cfg, cap=cap, reference=reference) if batch.rewards
+                          else dict.fromkeys(LOSS_METRICS, None) | {"skipped": 0.0})
+                engine.sync_weights()
+                t_update = time.perf_counter() - t_update
+                progress.step += 1
+                trip = detectors.observe_step(progress.step, losses.get("entropy"), losses.get("grad_norm"))
+
+                # ---- validation, detectors -------------------------------------------------------
+                record: dict = {}
+                if validator and (progress.step % config.validation.every == 0 or progress.step == end):
+                    record |= validate(phase.name)
+                    trip = trip or detectors.observe_validation(progress.step, record["val_accuracy"])
+                progress.detectors = detectors.state_dict()
+
+                # ---- log -------------------------------------------------------------------------
+                lengths = batch.sampled["length"]
+                record = {
+                    "step": progress.step, "phase": phase.name, "strategy": phase.strategy.name, "cap": cap, "lr": current_lr,
+                    "reward": float(torch.stack(batch.rewards).mean()) if batch.rewards else None,
+                    "accuracy": mean(batch.sampled["correct"]),
+                    "length_mean": mean(lengths), "length_p50": percentile(lengths, 50),
+                    "length_p90": percentile(lengths, 90), "length_max": max(lengths),
+                    "truncation_rate": mean(batch.sampled["truncated"]),
+                    "groups_kept": len(batch.rewards), "groups_sampled": batch.groups_sampled, "sampling_rounds": batch.rounds,
+                    "mastered_frac": tracker.mastery_rate([p.id for _, p in pool.items], 1.0),
+                    "verifier_errors": batch.verifier_errors,
+                    **({"redundancy": mean(batch.sampled["redundancy"]), "thinks_rate": mean(batch.sampled["thinks"])}
+                       if batch.sampled["redundancy"] else {}),
+                    **batch.strategy_metrics, **losses, **record,
+                    "step_time": time.perf_counter() - t_step, "gen_time": batch.gen_time, "update_time": t_update,
+                    "reward_time": batch.reward_time, "rollout_tokens_per_s": batch.generated_tokens / max(batch.gen_time, 1e-9),
+                }
                 log.write(record)
-            progress.update(done, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"])
-            if done % cfg.checkpoint_every == 0 or done == total:
-                checkpoint(done)
-                _prune(run_dir, cfg.keep_checkpoints)
-    final = latest_checkpoint(run_dir)
+                bar.update(progress.step, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"])
+                if progress.step % cfg.checkpoint_every == 0 and progress.step < end and trip is None:
+                    checkpoint()
+                    _prune(run_dir, cfg.keep_checkpoints, progress)
+
+            # ---- phase end: a tripped detector rolls back to the pre-collapse optimum -------------
+            ended = {"name": phase.name, "start_step": progress.phase_start_step, "end_step": progress.step,
+                     "planned_steps": phase.steps, "strategy": phase.strategy.name, "ended_by": "steps"}
+            if trip is not None:
+                ours = [Candidate(**c) for c in progress.candidates if c["phase"] == phase.name and c["step"] >= progress.phase_start_step]
+                chosen = select(ours, phase.rollback, phase_start_accuracy) if ours else None
+                ended |= {"ended_by": trip.detector, "why": trip.why, "rolled_back_to": chosen.checkpoint if chosen else None}
+                console.print(f"[yellow]phase {phase.name!r} stopped at step {progress.step}: {trip.why}"
+                              + (f"; rolled back to {chosen.checkpoint}" if chosen else "") + "[/yellow]")
+                if chosen is not None:
+                    _restore(policy, optimizer, run_dir / "checkpoints" / chosen.checkpoint)
+                    engine.sync_weights()
+                # this step's checkpoint now holds the rolled-back weights: it is no longer a candidate
+                progress.candidates = [c for c in progress.candidates if c["step"] != progress.step]
+                log.write({"step": progress.step, "phase": phase.name, "event": "early-stop", "detector": trip.detector,
+                           "why": trip.why, "rolled_back_to": ended["rolled_back_to"]})
+            progress.phases.append(ended)
+            progress.phase_index += 1
+            progress.phase_started = False
+            progress.detectors = {}
+            strategy = None
+            checkpoint()
+            _write_curriculum(run_dir, config, progress)
+
+    # ---- the checkpoint the run stands for ---------------------------------------------------
+    if progress.candidates:
+        candidates = [Candidate(**c) for c in progress.candidates]
+        chosen = select(candidates, config.selection, candidates[0].accuracy)
+        write_json_atomic(run_dir / SELECTION, {"checkpoint": chosen.checkpoint, "rule": config.selection.model_dump(),
+                                                "candidate": chosen.to_dict()})
+    _write_curriculum(run_dir, config, progress)
+    final = chosen_checkpoint(run_dir)
     if not quiet:
-        console.print(f"rl: {total} steps, checkpoint [bold]{final}[/bold]")
+        console.print(f"rl: {progress.step} steps; the run's checkpoint: [bold]{final}[/bold]")
     return final
 
 
-def _prune(run_dir: Path, keep: int | None) -> None:
-    """Keep the starting checkpoint and the newest `keep` ones."""
-    import shutil
+def _restore(policy: Policy, optimizer, checkpoint: Path) -> None:
+    """Load a checkpoint's weights and optimizer state into the running policy."""
+    from safetensors.torch import load_file
 
-    from taut.checkpoint import list_checkpoints
+    weights = load_file(str(checkpoint / "model.safetensors"), device=str(policy.model.device))
+    missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
+    if tied:
+        policy.model.tie_weights()
+    load_optimizer(optimizer, checkpoint)
 
+
+def _write_curriculum(run_dir: Path, config: RunConfig, progress: Progress) -> None:
+    """curriculum.json: the plan, phase boundaries, detectors that fired and why, the choice."""
+    selection = run_dir / SELECTION
+    write_json_atomic(run_dir / "curriculum.json", {
+        "plan": [{"name": p.name, "steps": p.steps, "strategy": p.strategy.name} for p in config.plan()],
+        "phases": progress.phases,
+        "candidates": progress.candidates,
+        "selection": json.loads(selection.read_text()) if selection.exists() else None,
+    })
+
+
+def _prune(run_dir: Path, keep: int | None, progress: Progress) -> None:
+    """Keep the newest `keep` periodic checkpoints; validated ones and phase boundaries stay."""
     if keep is None:
         return
-    found = list_checkpoints(run_dir)
-    for path in found[1:-keep]:
+    protected = {c["checkpoint"] for c in progress.candidates} | {step_name(0)}
+    protected |= {step_name(p["end_step"]) for p in progress.phases}
+    periodic = [p for p in list_checkpoints(run_dir) if p.name not in protected]
+    for path in periodic[:-keep]:
         shutil.rmtree(path)

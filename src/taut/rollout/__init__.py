@@ -55,3 +55,16 @@ class RolloutEngine(Protocol):
     def sync_weights(self) -> None:
         """Make the engine sample from the policy's current weights (no-op when shared)."""
         ...
+
+
+def build_engine(kind: str, policy, max_rows: int = 1024) -> RolloutEngine:
+    """The rollout engine named in `rl.engine` for a policy (vLLM is imported only when asked for)."""
+    if kind == "hf":
+        from taut.rollout.hf import HFEngine
+
+        return HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=max_rows)
+    if kind == "vllm":
+        from taut.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(policy, max_rows=max_rows)
+    raise ValueError(f"unknown rollout engine {kind!r}; valid engines: hf, vllm")

@@ -5,12 +5,15 @@ Task specs in recipes:
     gym:train / gym           the testbed's training domains
     gym:held-out              the held-out domains (never trained on by RL recipes)
     gym:all                   every testbed domain
+    file:PATH                 a data file with the default columns (prompt, answer) and the math verifier
+    {path: …, columns: …}     a data file described by a `FileTaskConfig` (see taut.tasks.files)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from taut.config import FileTaskConfig, TaskSpec
 from taut.tasks.base import Problem, Split, Task, Verdict
 
 TaskFactory = Callable[[str, "list[int] | None"], Task]
@@ -29,13 +32,28 @@ def _gym(spec: str, levels: list[int] | None) -> Task:
     return GymTask(resolve_domains(spec), name=spec, **kwargs)
 
 
+def _file(spec: str, levels: list[int] | None) -> Task:
+    return _file_task(FileTaskConfig(path=spec.partition(":")[2]), levels)
+
+
+def _file_task(config: FileTaskConfig, levels: list[int] | None) -> Task:
+    from taut.tasks.files import FileTask
+
+    return FileTask(config, levels)
+
+
 register_task("gym", _gym)
+register_task("file", _file)
 
 
-def load_task(spec: str, levels: list[int] | None = None) -> Task:
+def load_task(spec: TaskSpec, levels: list[int] | None = None) -> Task:
+    """The task a recipe names: a `kind:…` string or a data file's `FileTaskConfig`."""
+    if isinstance(spec, FileTaskConfig):
+        return _file_task(spec, levels)
     kind, _, _ = spec.partition(":")
     if kind not in _FACTORIES:
-        raise ValueError(f"unknown task {spec!r}; known kinds: {', '.join(f'{k}:…' for k in _FACTORIES)}")
+        raise ValueError(f"unknown task {spec!r}; known kinds: {', '.join(f'{k}:…' for k in _FACTORIES)}, "
+                         f"or a data file given as {{path: …, columns: …}}")
     return _FACTORIES[kind](spec, levels)
 
 

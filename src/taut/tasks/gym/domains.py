@@ -14,10 +14,10 @@ Grammar of one step (words separated by spaces, `;` ends a step):
     add    7 + 8 + 0 = 1 5 write 5 carry 1 ;       column digits, carry in, sum, digit, carry out
     sum    1 0 + 9 = 1 9 ;                          running total + next element
     mul    7 * 6 + 4 = 4 6 write 6 carry 4 ;        column digit × multiplier + carry in
-    sort   take 3 rest 5 8 3 ;                      smallest element, what remains (original order)
     chain  8 * 2 = 6 ;                              one operation, result modulo 10
+    parity 1 xor 1 = 0 ;                            running exclusive or with the next bit
     sub    1 2 - 7 - 0 = 5 borrow 1 ;               (10 +) column digit − digit − borrow in
-    max    max 4 7 8 2 = 8 2 ;                      running maximum vs the next two-digit number
+    mod    4 7 % 7 = 5 ;                            running remainder: (10·r + next digit) mod m
 """
 
 from __future__ import annotations
@@ -181,34 +181,33 @@ class MultiplyByDigit(Domain):
 
 
 @dataclass(frozen=True)
-class Sort(Domain):
-    """Sort a list of 2, 3, 5 or 7 digits ascending, by repeated selection of the minimum."""
+class Parity(Domain):
+    """Parity of 2, 4, 6 or 8 bits, by a running exclusive or."""
 
-    lengths: tuple[int, ...] = (2, 3, 5, 7)
+    lengths: tuple[int, ...] = (2, 4, 6, 8)
 
     def sample(self, rng, level):
-        return tuple(rng.randint(0, 9) for _ in range(self.lengths[level - 1]))
+        return tuple(rng.randint(0, 1) for _ in range(self.lengths[level - 1]))
 
     def operand_words(self, operands):
         return [str(x) for x in operands]
 
     def solve(self, operands):
-        return tuple(sorted(operands))
+        return sum(operands) % 2
 
-    def _selection(self, operands):
-        remaining, taken, out = list(operands), [], []
-        while len(remaining) > 1:
-            smallest = min(remaining)
-            remaining.remove(smallest)
-            taken.append(smallest)
-            out.append(["take", str(smallest), "rest", *map(str, remaining), ";"])
-        return out, taken + remaining
+    def _run(self, operands):
+        value, out = operands[0], []
+        for bit in operands[1:]:
+            new = value ^ bit
+            out.append([str(value), "xor", str(bit), "=", str(new), ";"])
+            value = new
+        return out, value
 
     def steps(self, operands):
-        return self._selection(operands)[0]
+        return self._run(operands)[0]
 
     def trace_answer(self, operands):
-        return [str(x) for x in self._selection(operands)[1]]
+        return [str(self._run(operands)[1])]
 
 
 @dataclass(frozen=True)
@@ -285,33 +284,33 @@ class Subtract(Domain):
 
 
 @dataclass(frozen=True)
-class RunningMax(Domain):
-    """The largest of 2, 3, 4 or 6 two-digit numbers, by a running maximum."""
-
-    lengths: tuple[int, ...] = (2, 3, 4, 6)
+class Remainder(Domain):
+    """The remainder of a number with `level` digits divided by a digit 2-9, digit by digit."""
 
     def sample(self, rng, level):
-        return tuple(rng.randint(10, 99) for _ in range(self.lengths[level - 1]))
+        return (_number(rng, level), rng.randint(2, 9))
 
     def operand_words(self, operands):
-        return [w for x in operands for w in digits(x)]
+        a, m = operands
+        return [*digits(a), "%", str(m)]
 
     def solve(self, operands):
-        return max(operands)
+        return operands[0] % operands[1]
 
     def _run(self, operands):
-        best, out = operands[0], []
-        for x in operands[1:]:
-            new = best if best >= x else x
-            out.append(["max", *digits(best), *digits(x), "=", *digits(new), ";"])
-            best = new
-        return out, best
+        a, m = operands
+        remainder, out = 0, []
+        for d in str(a):
+            partial = 10 * remainder + int(d)
+            remainder = partial % m
+            out.append([*digits(partial), "%", str(m), "=", str(remainder), ";"])
+        return out, remainder
 
     def steps(self, operands):
         return self._run(operands)[0]
 
     def trace_answer(self, operands):
-        return digits(self._run(operands)[1])
+        return [str(self._run(operands)[1])]
 
 
 DOMAINS: dict[str, Domain] = {
@@ -320,10 +319,10 @@ DOMAINS: dict[str, Domain] = {
         Add("add"),
         RunningSum("sum"),
         MultiplyByDigit("mul"),
-        Sort("sort"),
         ModChain("chain"),
+        Parity("parity"),
         Subtract("sub", held_out=True),
-        RunningMax("max", held_out=True),
+        Remainder("mod", held_out=True),
     )
 }
 TRAINING_DOMAINS = tuple(name for name, d in DOMAINS.items() if not d.held_out)

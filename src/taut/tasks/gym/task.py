@@ -125,7 +125,8 @@ def analyze(instance: Instance, response: str, complete: bool) -> TraceAnalysis:
     """Oracle view of one response: correctness, redundancy and necessary-step coverage."""
     words = response.split()
     answer, answer_end = read_answer(words, complete)
-    think_len = words.index(END_THINK) if END_THINK in words else len(words)
+    # thinking ends at </think>, or where the graded answer starts when </think> is missing
+    think_len = words.index(END_THINK) if END_THINK in words else (words.index(ANSWER) if ANSWER in words else len(words))
     necessary = instance.necessary_steps()
     necessary_think = sum(len(step) for step in necessary)
     post_answer = len(words) - answer_end if answer is not None else 0

@@ -17,14 +17,14 @@ ANSWER = "answer"
 
 SPECIALS = [PAD, BOS, EOS, UNK]
 DIGITS = [str(d) for d in range(10)]
-SYMBOLS = ["+", "-", "*", "=", ";"]
+SYMBOLS = ["+", "-", "*", "%", "=", ";"]
 WORDS = [
     THINK, END_THINK, ANSWER,
     "check", "ok",                  # post-answer confirmation rounds
     "write", "carry", "borrow",     # column arithmetic
-    "take", "rest",                 # selection sort
+    "xor",                          # parity
     "budget",                       # token budget written into a prompt (L1-style strategies)
-    "add", "sum", "mul", "sort", "chain", "sub", "max",   # domain names
+    "add", "sum", "mul", "chain", "parity", "sub", "mod",   # domain names
 ]
 VOCAB = SPECIALS + DIGITS + SYMBOLS + WORDS
 

@@ -1,0 +1,70 @@
+"""Build a report: read the runs, draw the figures, write PNGs, `report.json` and `report.html`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from taut.report.figures import Drawn, Omitted, draw_all, run_colors
+from taut.report.html import render
+from taut.report.runs import RunResults, load_run, unique_labels
+from taut.report.summary import summary_row
+
+REPORT = "report.html"
+DATA = "report.json"
+DPI = 150
+
+
+def compare(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> Path:
+    """Compare runs side by side; returns the path of the written `report.html`.
+
+    Reads every run's evaluations (`RUN/eval/step-*.json`) and training log (`metrics.jsonl`)
+    and writes into `out`: one PNG per figure, `report.json` (the table and the exact data each
+    figure plots) and `report.html` (self-contained: the PNGs are embedded).
+    """
+    if not run_dirs:
+        raise ValueError("compare needs at least one run directory")
+    runs = [load_run(Path(d), label) for d, label in zip(run_dirs, unique_labels(run_dirs, labels))]
+    return write_report(runs, Path(out), title="taut report: " + ", ".join(r.label for r in runs))
+
+
+def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """The report of a single run, by default in `RUN/report/`; returns the path of `report.html`."""
+    run_dir = Path(run_dir)
+    return compare([run_dir], out or run_dir / "report")
+
+
+def write_report(runs: list[RunResults], out: Path, title: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    colors = run_colors(len(runs))
+    figures = draw_all(runs, colors)
+    drawn = [f for f in figures if isinstance(f, Drawn)]
+    images = {}
+    for d in drawn:
+        images[d.name] = out / f"{d.name}.png"
+        d.figure.savefig(images[d.name], dpi=DPI, facecolor="white")
+    rows = [summary_row(run) for run in runs]
+    run_info = [{"label": r.label, "run_dir": str(r.run_dir), "color": c} for r, c in zip(runs, colors)]
+    data = {
+        "runs": run_info,
+        "table": rows,
+        "figures": {d.name: {"file": images[d.name].name, "title": d.title, "data": d.data} for d in drawn},
+        "omitted": {f.name: f.reason for f in figures if isinstance(f, Omitted)},
+    }
+    (out / DATA).write_text(json.dumps(_strict(data), indent=1))
+    path = out / REPORT
+    path.write_text(render(title, run_info, rows, figures, images))
+    return path
+
+
+def _strict(value: Any) -> Any:
+    """The same structure with nan replaced by None, so `report.json` is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value

@@ -1,0 +1,120 @@
+"""The side-by-side table: one row per run, its chosen checkpoint against its first one."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rich import box
+from rich.table import Table
+
+from taut.report.runs import RunResults, change_pct, value
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    fmt: Callable[[float], str]
+    best: str | None = None          # "max" or "min": the best value is highlighted when runs are compared
+    help: str = ""
+    short: str | None = None         # header in the terminal table; None leaves the column out there
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def _tokens(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _change(v: float) -> str:
+    return f"{v:+.1f}%"
+
+
+def _points(v: float) -> str:
+    return f"{v:+.1f}pp"
+
+
+COLUMNS = [
+    Column("accuracy", "accuracy", _pct, "max", "mean over all samples, all evaluated tasks", "acc"),
+    Column("tokens_mean", "mean tokens", _tokens, "min", "mean response length in tokens", "tokens"),
+    Column("tokens_p90", "p90 tokens", _tokens, "min", "90th percentile of response length", "p90"),
+    Column("tokens_change_pct", "Δ tokens", _change, "min", "change of mean tokens vs. the first evaluated checkpoint",
+           "Δtok"),
+    Column("accuracy_change_pp", "Δ accuracy", _points, "max", "change of accuracy vs. the first evaluated checkpoint",
+           "Δacc"),
+    Column("redundancy", "redundancy", _pct, "min", "share of tokens the task's oracle marks redundant", "redund"),
+    Column("in_domain_accuracy", "in-domain acc.", _pct, "max", "accuracy on the domains RL trained on"),
+    Column("in_domain_tokens", "in-domain tokens", _tokens, "min", "mean tokens on the domains RL trained on"),
+    Column("held_out_accuracy", "held-out acc.", _pct, "max", "accuracy on domains RL never saw", "held\nacc"),
+    Column("held_out_tokens", "held-out tokens", _tokens, "min", "mean tokens on domains RL never saw", "held\ntok"),
+]
+
+
+def summary_row(run: RunResults) -> dict[str, Any]:
+    """The table's numbers for one run (nan where undefined)."""
+    overall, first = run.chosen.result["overall"], run.first.result["overall"]
+    moved = run.has_progress()
+    in_domain, held_out = run.chosen.result["in_domain"], run.chosen.result["held_out"]
+    return {
+        "label": run.label,
+        "run_dir": str(run.run_dir),
+        "strategy": strategy_plan(run.metrics),
+        "first": run.first.checkpoint,
+        "chosen": run.chosen.checkpoint,
+        "selected": run.selected,
+        "evaluations": len(run.evaluations),
+        "accuracy": value(overall, "accuracy"),
+        "tokens_mean": value(overall, "tokens_mean"),
+        "tokens_p90": value(overall, "tokens_p90"),
+        "tokens_change_pct": change_pct(value(first, "tokens_mean"), value(overall, "tokens_mean")) if moved else math.nan,
+        "accuracy_change_pp": 100 * (value(overall, "accuracy") - value(first, "accuracy")) if moved else math.nan,
+        "redundancy": value(overall, "redundancy"),
+        "in_domain_accuracy": value(in_domain, "accuracy"),
+        "in_domain_tokens": value(in_domain, "tokens_mean"),
+        "held_out_accuracy": value(held_out, "accuracy"),
+        "held_out_tokens": value(held_out, "tokens_mean"),
+    }
+
+
+def rich_table(rows: list[dict[str, Any]]) -> Table:
+    """The side-by-side table for the terminal (rows as in `report.json`: missing values are None)."""
+    columns = [c for c in COLUMNS if c.short]
+    t = Table(title="runs at their chosen checkpoint; Δ: vs. their first evaluated one", box=box.SIMPLE_HEAD,
+              padding=(0, 0, 0, 1), pad_edge=False)
+    t.add_column("run", no_wrap=True)
+    for column in columns:
+        t.add_column(column.short, justify="right", no_wrap=True)
+    for row in rows:
+        t.add_row(f"{row['label']}\n[dim]{row['chosen']}[/dim]", *(formatted(row, c) for c in columns))
+    return t
+
+
+def strategy_plan(records: list[dict[str, Any]]) -> str | None:
+    """The length strategies a run trained with, in order: `siri`, or per curriculum phase
+    `accuracy: none → compression: mastery-gated`."""
+    plan: list[tuple[str | None, str]] = []
+    for r in records:
+        if r.get("strategy") is not None and (not plan or plan[-1] != (r.get("phase"), r["strategy"])):
+            plan.append((r.get("phase"), r["strategy"]))
+    if len({phase for phase, _ in plan if phase is not None}) > 1:
+        return " → ".join(f"{phase}: {strategy}" for phase, strategy in plan if phase is not None)
+    return " → ".join(dict.fromkeys(strategy for _, strategy in plan)) or None
+
+
+def formatted(row: dict[str, Any], column: Column) -> str:
+    v = row[column.key]
+    return "–" if v is None or math.isnan(v) else column.fmt(v)
+
+
+def best_rows(rows: list[dict[str, Any]], column: Column) -> set[int]:
+    """Indices of the rows holding the column's best value (none for a single run or no values)."""
+    values = [(i, r[column.key]) for i, r in enumerate(rows) if not math.isnan(r[column.key])]
+    if len(rows) < 2 or not values or column.best is None:
+        return set()
+    target = (max if column.best == "max" else min)(v for _, v in values)
+    best = {i for i, v in values if v == target}
+    return set() if len(best) == len(rows) else best        # a tie across every run singles nothing out

@@ -1,0 +1,129 @@
+"""Every shipped recipe parses and trains: a 3-step micro run per recipe changes the parameters and
+logs its strategy's metrics.
+
+The RL recipes start from `builtin:testbed-sft`. Setting TAUT_TEST_MODEL to a model directory
+replaces that starting point (for a checkout where the shipped checkpoint is not built yet).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from taut.config import load_config
+
+RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+
+MICRO = ["rl.steps=3", "model.threads=1", "data.pool_per_level=4", "rl.prompts_per_step=4", "rl.group_size=4",
+         "rl.max_new_tokens=48", "rl.checkpoint_every=100", "sft.steps=3", "sft.batch_size=8"]
+
+# Keep the cap-setting strategies inside the micro run's short rollouts and make the cap move
+# within 3 steps, so the logged cap can be checked step by step.
+STRATEGY_OVERRIDES = {
+    "siri": ["strategy.l_max=48", "strategy.l_min=24", "strategy.period=4"],
+    "thinkprune": ["strategy.caps=[48, 40, 32]", "strategy.steps_per_stage=1"],
+    "hard-truncation": ["strategy.cap=40"],
+}
+
+# The cap logged at steps 1..3 under the overrides above (cosine/stair-cosine with T = 4: Lmax, the
+# midpoint, Lmin; stair: Lmin for the first half of the cycle).
+EXPECTED_CAPS = {
+    ("siri", "cosine"): [48, 36, 24],
+    ("siri", "stair"): [24, 24, 48],
+    ("siri", "stair-cosine"): [48, 36, 24],
+    ("thinkprune", None): [48, 40, 32],
+    ("hard-truncation", None): [40, 40, 40],
+}
+
+PENALTY = ["penalised_frac", "penalty_mean"]
+STRATEGY_METRICS = {
+    "none": [],
+    "siri": PENALTY,
+    "mastery-gated": ["gate_open", *PENALTY, "safe_len_mean"],
+    "dapo-overlong": PENALTY,
+    "dapo-lite": PENALTY,
+    "dapo-heavy": PENALTY,
+    "hard-truncation": PENALTY,
+    "thinkprune": PENALTY,
+    "kimi": PENALTY,
+    "l1-exact": [*PENALTY, "budget_mean", "budget_abs_error"],
+    "l1-max": [*PENALTY, "budget_mean", "budget_abs_error"],
+    "grpo-lambda": ["gate_open", *PENALTY],
+    "sigmoid": PENALTY,
+    "on-policy-sft": ["kept_frac"],
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The micro runs use one torch thread (model.threads=1); restore the session's setting after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def micro_config(path: Path):
+    raw = yaml.safe_load(path.read_text())
+    overrides = list(MICRO)
+    name = raw.get("strategy", {}).get("name", "none")
+    overrides += STRATEGY_OVERRIDES.get(name, [])
+    if os.environ.get("TAUT_TEST_MODEL") and str(raw.get("model", "")).startswith("builtin:"):
+        overrides.append(f"model={os.environ['TAUT_TEST_MODEL']}")
+    return load_config(path, overrides), "rl" in raw
+
+
+def changed_tensors(before: dict, after: dict) -> list[str]:
+    """Names of the saved tensors that differ (tied weights are saved once, so `after` may hold fewer)."""
+    assert after and set(after) <= set(before), sorted(set(after) - set(before))
+    return [k for k in after if not torch.equal(before[k], after[k])]
+
+
+def test_every_strategy_has_a_shipped_recipe():
+    from taut.length import REGISTRY
+
+    shipped = {load_config(p).strategy.name for p in RECIPES}
+    assert shipped >= set(REGISTRY), sorted(set(REGISTRY) - shipped)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_recipe_micro_run(path, tmp_path):
+    config, is_rl = micro_config(path)
+    if not is_rl:                                     # an SFT recipe (the cold start)
+        from taut.models import load_policy
+        from taut.sft import train_sft
+
+        start = {k: v.detach().clone() for k, v in load_policy(config.model, seed=config.seed).model.state_dict().items()}
+        final = train_sft(config, tmp_path, quiet=True)
+        assert changed_tensors(start, load_file(final / "model.safetensors"))
+        return
+
+    from taut.rl.trainer import train_rl
+
+    final = train_rl(config, tmp_path, quiet=True)
+    start = load_file(tmp_path / "checkpoints" / "step-000000" / "model.safetensors")
+    assert final.name == "step-000003"
+    assert changed_tensors(start, load_file(final / "model.safetensors")), "no parameter moved in 3 steps"
+
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    strategy = config.strategy
+    for record in steps:
+        assert record["strategy"] == strategy.name
+        for key in STRATEGY_METRICS[strategy.name]:
+            assert key in record, (key, sorted(record))
+            if key != "safe_len_mean":               # null on a step where no gate opened
+                assert isinstance(record[key], float), (key, record[key])
+        for key in ("gate_open", "penalised_frac", "kept_frac"):
+            if key in record:
+                assert 0.0 <= record[key] <= 1.0, (key, record[key])
+    expected_caps = EXPECTED_CAPS.get((strategy.name, strategy.schedule if strategy.name == "siri" else None))
+    if expected_caps is not None:
+        assert [r["cap"] for r in steps] == expected_caps
+    else:
+        assert [r["cap"] for r in steps] == [48, 48, 48]
