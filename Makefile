@@ -44,3 +44,13 @@ test-verl: $(VERL_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache
+
+bench: $(STAMP)
+	$(BIN)/taut bench
+
+bench-quick: $(STAMP)
+	$(BIN)/taut bench --quick
+
+bench-speed: $(STAMP)
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[trl]"
+	$(BIN)/taut bench speed --vs trl

@@ -8,7 +8,7 @@ than the group's shortest correct one, only when the group's pass rate is at lea
 
 Optionally under a SIRI cap (`--siri`), as in SIRI's schedule plus a group-aware penalty.
 
-CPU, the tiny testbed model with random weights (about a minute; it shows the wiring — a
+CPU, the tiny testbed model with random weights (about 15 seconds; it shows the wiring — a
 random model is never right, so the gate stays closed):
 
     OMP_NUM_THREADS=1 python examples/trl_mastery.py

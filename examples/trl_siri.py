@@ -3,8 +3,8 @@
     L(t)  from a schedule (cosine, stair, stair-cosine), set before every step by LengthCapCallback
     r_i = 1[correct_i] · 1[not truncated_i]      computed by taut's own `siri` strategy
 
-CPU, the tiny testbed model with random weights (runs in about a minute; it learns nothing
-useful in so few steps — it shows the wiring):
+CPU, the tiny testbed model with random weights (about 15 seconds; it learns nothing useful
+in so few steps — it shows the wiring):
 
     OMP_NUM_THREADS=1 python examples/trl_siri.py
 

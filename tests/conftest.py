@@ -13,3 +13,12 @@ def tiny_policy():
     from taut.models import build_testbed_model
 
     return build_testbed_model("tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def sft_policy():
+    """The shipped SFT checkpoint of the testbed (TAUT_TEST_MODEL points elsewhere when set)."""
+    from taut.config import ModelConfig
+    from taut.models import load_policy
+
+    return load_policy(ModelConfig(path=os.environ.get("TAUT_TEST_MODEL", "builtin:testbed-sft"), threads=2))

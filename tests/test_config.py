@@ -6,7 +6,7 @@ import pytest
 
 from taut.config import ConfigError, RunConfig, load_config
 
-RECIPES = sorted(Path(__file__).parent.parent.joinpath("recipes").rglob("*.yaml"))
+RECIPES = sorted(p for p in Path(__file__).parent.parent.joinpath("recipes").rglob("*.yaml") if p.name != "bench.yaml")
 
 
 def test_there_are_recipes():
@@ -17,6 +17,18 @@ def test_there_are_recipes():
 def test_every_recipe_parses(recipe):
     config = load_config(recipe)
     assert isinstance(config, RunConfig)
+
+
+def test_bench_recipe_parses_full_and_quick():
+    from taut.bench.matrix import load_bench
+
+    path = Path(__file__).parent.parent / "recipes" / "bench.yaml"
+    full, quick = load_bench(path), load_bench(path, quick=True)
+    names = {m.name for m in full.methods}
+    assert {"control", "dapo-lite", "dapo-heavy", "hard-truncation", "mastery-curriculum", "siri-cosine"} <= names
+    assert len(names - {"control", "dapo-lite", "dapo-heavy", "hard-truncation", "mastery-curriculum", "siri-cosine"}) >= 2
+    assert all(len(m.seeds) >= 2 for m in full.methods if m.name in ("control", "mastery-curriculum", "siri-cosine"))
+    assert quick.steps < full.steps
 
 
 def test_overrides_reach_nested_keys_and_parse_values():

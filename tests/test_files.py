@@ -73,12 +73,13 @@ def test_a_saved_dataset_dict_declares_its_splits(tmp_path):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ('{"question": "q", "final": "1", "uid": "b"}', "missing field 'worked'"),
-    ('{"question": "", "final": "1", "worked": "w", "uid": "b"}', "field 'question': expected a non-empty string"),
-    ('{"question": "q", "final": 0.5, "worked": "w", "uid": "b"}', "field 'final': expected a string or an integer"),
-    ('{"question": "q", "final": null, "worked": "w", "uid": "b"}', "field 'final': expected a non-empty string, got None"),
-    ('{"question": "q", "final": "1", "worked": "w", "uid": "q0"}', "field 'uid': id 'q0' is already used at"),
-    ('{"question": "q", "final": "1", "worked": "w", "uid": "b", "level": "hard"}', "field 'level': expected an integer"),
+    ('{"question": "q", "final": "1", "level": 1, "uid": "b"}', "missing field 'worked' (the response column"),
+    ('{"question": "", "final": "1", "worked": "w", "level": 1, "uid": "b"}', "field 'question': expected a non-empty string"),
+    ('{"question": "q", "final": 0.5, "worked": "w", "level": 1, "uid": "b"}', "field 'final': expected a string or an integer"),
+    ('{"question": "q", "final": null, "worked": "w", "level": 1, "uid": "b"}', "field 'final': expected a non-empty string, got None"),
+    ('{"question": "q", "final": "1", "worked": "w", "level": 1, "uid": "q0"}', "field 'uid': id 'q0' is already used at"),
+    ('{"question": "q", "final": "1", "worked": "w", "level": "hard", "uid": "b"}', "field 'level': expected an integer"),
+    ('{"question": "q", "final": "1", "worked": "w", "level": true, "uid": "b"}', "field 'level': expected an integer"),
     ('{"question": "q", "final": "1"', "not valid JSON"),
     ('["q", "1"]', "expected an object with fields"),
 ])

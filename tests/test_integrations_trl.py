@@ -206,8 +206,13 @@ def _worker(out: Path) -> None:
     except ValueError as err:
         record["error_without_gather"] = str(err)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    # Both ranks leave together, then skip interpreter teardown: gloo's threads, torn down while
+    # the two trainers above are still referenced, occasionally abort the process at exit.
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

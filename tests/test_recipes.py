@@ -18,11 +18,22 @@ from taut.config import load_config
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
 
+
+def recipe_kind(raw: dict) -> str:
+    """bench: a benchmark matrix (`taut bench`); sft: the SFT cold start; rl: a training run."""
+    if "methods" in raw:
+        return "bench"
+    return "sft" if "sft" in raw and not {"rl", "strategy", "phases"} & set(raw) else "rl"
+
+
+RUN_RECIPES = [p for p in RECIPES if recipe_kind(yaml.safe_load(p.read_text())) != "bench"]
+
 MICRO = ["rl.steps=3", "model.threads=1", "data.pool_per_level=4", "rl.prompts_per_step=4", "rl.group_size=4",
-         "rl.max_new_tokens=48", "rl.checkpoint_every=100", "sft.steps=3", "sft.batch_size=8"]
+         "rl.max_new_tokens=48", "rl.checkpoint_every=100", "validation.n_per_level=1", "validation.samples=1",
+         "sft.steps=3", "sft.batch_size=8"]
 
 # Keep the cap-setting strategies inside the micro run's short rollouts and make the cap move
-# within 3 steps, so the logged cap can be checked step by step.
+# within 3 steps, so the logged cap can be checked step by step (recipes without phases).
 STRATEGY_OVERRIDES = {
     "siri": ["strategy.l_max=48", "strategy.l_min=24", "strategy.period=4"],
     "thinkprune": ["strategy.caps=[48, 40, 32]", "strategy.steps_per_stage=1"],
@@ -70,11 +81,11 @@ def one_thread():
 def micro_config(path: Path):
     raw = yaml.safe_load(path.read_text())
     overrides = list(MICRO)
-    name = raw.get("strategy", {}).get("name", "none")
-    overrides += STRATEGY_OVERRIDES.get(name, [])
+    if "phases" not in raw:
+        overrides += STRATEGY_OVERRIDES.get(raw.get("strategy", {}).get("name", "none"), [])
     if os.environ.get("TAUT_TEST_MODEL") and str(raw.get("model", "")).startswith("builtin:"):
         overrides.append(f"model={os.environ['TAUT_TEST_MODEL']}")
-    return load_config(path, overrides), "rl" in raw
+    return load_config(path, overrides)
 
 
 def changed_tensors(before: dict, after: dict) -> list[str]:
@@ -86,14 +97,20 @@ def changed_tensors(before: dict, after: dict) -> list[str]:
 def test_every_strategy_has_a_shipped_recipe():
     from taut.length import REGISTRY
 
-    shipped = {load_config(p).strategy.name for p in RECIPES}
+    shipped = {phase.strategy.name for p in RUN_RECIPES for phase in load_config(p).plan()}
     assert shipped >= set(REGISTRY), sorted(set(REGISTRY) - shipped)
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipe_micro_run(path, tmp_path):
-    config, is_rl = micro_config(path)
-    if not is_rl:                                     # an SFT recipe (the cold start)
+    kind = recipe_kind(yaml.safe_load(path.read_text()))
+    if kind == "bench":                               # a matrix of runs: it parses, full and quick
+        from taut.bench.matrix import load_bench
+
+        assert load_bench(path).methods and load_bench(path, quick=True).methods
+        return
+    config = micro_config(path)
+    if kind == "sft":
         from taut.models import load_policy
         from taut.sft import train_sft
 
@@ -104,16 +121,16 @@ def test_recipe_micro_run(path, tmp_path):
 
     from taut.rl.trainer import train_rl
 
-    final = train_rl(config, tmp_path, quiet=True)
+    train_rl(config, tmp_path, quiet=True)
     start = load_file(tmp_path / "checkpoints" / "step-000000" / "model.safetensors")
-    assert final.name == "step-000003"
-    assert changed_tensors(start, load_file(final / "model.safetensors")), "no parameter moved in 3 steps"
+    end = load_file(tmp_path / "checkpoints" / "step-000003" / "model.safetensors")
+    assert changed_tensors(start, end), "no parameter moved in 3 steps"
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "reward" in r]
+    steps = [r for r in records if "reward" in r]                 # step records, not phase events
     assert [r["step"] for r in steps] == [1, 2, 3]
-    strategy = config.strategy
-    for record in steps:
+    per_step = [phase.strategy for phase in config.plan() for _ in range(phase.steps)]
+    for record, strategy in zip(steps, per_step):
         assert record["strategy"] == strategy.name
         for key in STRATEGY_METRICS[strategy.name]:
             assert key in record, (key, sorted(record))
@@ -122,8 +139,7 @@ def test_recipe_micro_run(path, tmp_path):
         for key in ("gate_open", "penalised_frac", "kept_frac"):
             if key in record:
                 assert 0.0 <= record[key] <= 1.0, (key, record[key])
-    expected_caps = EXPECTED_CAPS.get((strategy.name, strategy.schedule if strategy.name == "siri" else None))
-    if expected_caps is not None:
-        assert [r["cap"] for r in steps] == expected_caps
-    else:
-        assert [r["cap"] for r in steps] == [48, 48, 48]
+    if config.phases is None:
+        strategy = config.strategy
+        expected = EXPECTED_CAPS.get((strategy.name, strategy.schedule if strategy.name == "siri" else None), [48, 48, 48])
+        assert [r["cap"] for r in steps] == expected

@@ -1,7 +1,5 @@
 """taut's rollout engine against `model.generate`, and its bookkeeping of lengths and truncation."""
 
-import copy
-
 import pytest
 import torch
 
@@ -10,13 +8,9 @@ from taut.rollout.hf import HFEngine
 
 
 @pytest.fixture(scope="module")
-def eos_prone(tiny_policy):
-    """The tiny random model with a boosted <eos> embedding, so greedy rows stop at different times."""
-    policy = copy.deepcopy(tiny_policy)
-    with torch.no_grad():
-        emb = policy.model.get_input_embeddings().weight
-        emb[policy.eos_id] = emb[policy.eos_id] * 2.5 + 0.3 * emb[5]
-    return policy
+def eos_prone(sft_policy):
+    """A trained model: its greedy responses end at different lengths."""
+    return sft_policy
 
 
 PROMPTS = ["add 4 + 5 = <think>", "sum 3 9 1 = <think>", "parity 1 0 1 1 = <think>", "mod 4 7 1 % 7 = <think>",
@@ -34,10 +28,11 @@ def _hf_greedy(policy, prompts, max_new):
     return rows
 
 
-def test_greedy_tokens_equal_model_generate(eos_prone):
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "hf-cache"])
+def test_greedy_tokens_equal_model_generate(eos_prone, fast):
     policy = eos_prone
     ids = [policy.encode_prompt(p) for p in PROMPTS]
-    engine = HFEngine(policy.model, policy.eos_id, policy.pad_id)
+    engine = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=fast)
     got = engine.generate(ids, 1, SamplingParams(max_new_tokens=24, temperature=0))
     expected = _hf_greedy(policy, PROMPTS, 24)
     assert got.tokens == expected
@@ -46,12 +41,13 @@ def test_greedy_tokens_equal_model_generate(eos_prone):
     assert got.truncated == [t[-1] != policy.eos_id for t in expected]
 
 
-def test_group_rows_share_the_prefill_and_compaction_keeps_results(eos_prone):
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "hf-cache"])
+def test_group_rows_share_the_prefill_and_compaction_keeps_results(eos_prone, fast):
     policy = eos_prone
     ids = [policy.encode_prompt(p) for p in PROMPTS]
     params = SamplingParams(max_new_tokens=24, temperature=0)
-    eager = HFEngine(policy.model, policy.eos_id, policy.pad_id, compact_fraction=0.0)    # compact at every finish
-    never = HFEngine(policy.model, policy.eos_id, policy.pad_id, compact_fraction=2.0)    # never compact
+    eager = HFEngine(policy.model, policy.eos_id, policy.pad_id, compact_fraction=0.0, fast=fast)   # compact at every finish
+    never = HFEngine(policy.model, policy.eos_id, policy.pad_id, compact_fraction=2.0, fast=fast)   # never compact
     a = eager.generate(ids, 3, params)
     b = never.generate(ids, 3, params)
     assert a.tokens == b.tokens
@@ -92,3 +88,37 @@ def test_chunking_over_max_rows_keeps_prompt_order(tiny_policy):
     big = HFEngine(policy.model, policy.eos_id, policy.pad_id)
     params = SamplingParams(max_new_tokens=8, temperature=0)
     assert small.generate(ids, 2, params).tokens == big.generate(ids, 2, params).tokens
+
+
+def test_fast_path_samples_like_the_hf_path(tiny_policy):
+    """Same random stream, same distribution: sampled tokens agree while no row has been dropped."""
+    policy = tiny_policy
+    ids = [policy.encode_prompt(p) for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=12, min_new_tokens=12)          # no row ends early
+    a = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=True).generate(ids, 3, params, torch.Generator().manual_seed(5))
+    b = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=False).generate(ids, 3, params, torch.Generator().manual_seed(5))
+    assert a.tokens == b.tokens
+    assert all(len(t) == 12 and policy.eos_id not in t for t in a.tokens)
+
+
+def test_fast_path_on_a_grouped_query_qwen3_model():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                         max_position_embeddings=128, eos_token_id=2, pad_token_id=0)).eval()
+    prompts = [[1, 5, 6, 7], [1, 9, 8], [1, 4, 4, 4, 4, 4]]
+    params = SamplingParams(max_new_tokens=10, temperature=0)
+    fast_rows = HFEngine(model, 2, 0, fast=True).generate(prompts, 2, params).tokens
+    slow_rows = HFEngine(model, 2, 0, fast=False).generate(prompts, 2, params).tokens
+    assert fast_rows == slow_rows
+
+
+def test_fast_path_grows_its_cache_past_the_first_allocation(tiny_policy):
+    policy = tiny_policy
+    ids = [policy.encode_prompt(p) for p in PROMPTS[:3]]
+    params = SamplingParams(max_new_tokens=150, min_new_tokens=150, temperature=0)    # > 64 + 64: two doublings
+    a = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=True).generate(ids, 2, params)
+    b = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=False).generate(ids, 2, params)
+    assert a.tokens == b.tokens and all(len(t) == 150 for t in a.tokens)

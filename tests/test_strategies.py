@@ -449,6 +449,14 @@ def test_grpo_lambda_penalises_only_the_top_groups():
     assert out.metrics["gate_open"] == 0.25
 
 
+def test_grpo_lambda_group_count_is_exact():
+    # 0.28·25 is 7.000000000000001 in floating point: still 7 groups, not 8
+    batch = groups([[1, 1]] * 25, [[10, 30]] * 25)
+    for fraction, k in ((0.28, 7), (0.2, 5), (0.01, 1), (1.0, 25)):
+        selected = (shape(GrpoLambdaConfig(fraction=fraction), batch).rewards < 1).any(dim=1)
+        assert selected.tolist() == [True] * k + [False] * (25 - k), fraction
+
+
 # ---------------------------------------------------------------------------------------------
 # on-policy SFT
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,6 +20,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
                   help="taut: RL post-training that makes reasoning models think tightly.")
 data_app = typer.Typer(no_args_is_help=True, help="The built-in testbed's data.")
 app.add_typer(data_app, name="data")
+bench_app = typer.Typer(help="Benchmarks: the method matrix (default) and trainer throughput (speed).")
+app.add_typer(bench_app, name="bench")
 out_console = Console()
 err_console = Console(stderr=True)
 
@@ -69,8 +72,27 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
     cfg = _config(config, set)
     if dry_run:
         _print_config(cfg)
+        out_console.print(plan_table(cfg))
         return
     train_rl(cfg, resume or out or default_run_dir("train"), resume=resume is not None, quiet=quiet)
+
+
+def plan_table(cfg: RunConfig) -> Table:
+    """The resolved RL plan: phases, their steps, strategies, stop rules and samplers."""
+    t = Table(title=f"plan: {cfg.rl_steps()} RL steps" + (f", validation every {cfg.validation.every}" if cfg.validation.every else ""))
+    for col in ("phase", "steps", "strategy", "stop rules", "rollback", "sampler", "lr"):
+        t.add_column(col)
+    start = 0
+    for p in cfg.plan():
+        params = {k: v for k, v in p.strategy.model_dump().items() if k != "name"}
+        stops = ", ".join(f"{k}={v}" for k, v in p.stop.model_dump().items() if v is not None and k not in ("patience", "window"))
+        t.add_row(p.name, f"{start}–{start + p.steps} ({p.steps})",
+                  p.strategy.name + (" " + ", ".join(f"{k}={v}" for k, v in params.items()) if params else ""),
+                  stops or "-", f"{p.rollback.criterion} (±{p.rollback.tolerance})" if stops else "-",
+                  "epochs" if p.sampler.mastered_fraction is None else f"mastered share {p.sampler.mastered_fraction}",
+                  str(p.lr or cfg.rl.lr))
+        start += p.steps
+    return t
 
 
 @app.command("eval")
@@ -195,6 +217,71 @@ def compare(
     path = write_comparison(runs, out, labels=label)
     out_console.print(rich_table(json.loads((path.parent / "report.json").read_text())["table"]))
     out_console.print(f"written: {path}")
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench(ctx: typer.Context,
+          config: Annotated[Path, typer.Option("--config", "-c", help="bench recipe")] = Path("recipes/bench.yaml"),
+          quick: Annotated[bool, typer.Option("--quick", help="a few steps per method: a smoke run in minutes")] = False,
+          out: OutOpt = None,
+          write: Annotated[Optional[Path], typer.Option(help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None):
+    """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from taut.bench.matrix import load_bench, run_bench
+
+    bench_cfg = load_bench(config, quick=quick)
+    out = out or Path("runs") / ("bench-quick" if quick else "bench")
+    command = f"taut bench --config {config}" + (" --quick" if quick else "") + f" --out {out}"
+    target = write or (None if quick else Path("BENCHMARKS.md"))
+    summary = run_bench(bench_cfg, out, target, command)
+    t = Table(title=f"bench ({summary['seconds'] / 60:.1f} min)")
+    for col in ("method", "seeds", "accuracy", "tokens", "length Δ", "accuracy Δ", "held-out length Δ", "held-out accuracy Δ"):
+        t.add_column(col, justify="right")
+    for r in sorted(summary["rows"], key=lambda r: r["method"]):
+        t.add_row(r["method"], str(r["seeds"]), f"{r['accuracy']:.3f}", f"{r['tokens']:.1f}", f"{100 * r['length_change']:+.1f}%",
+                  f"{100 * r['accuracy_change']:+.1f}", f"{100 * r['held_length_change']:+.1f}%", f"{100 * r['held_accuracy_change']:+.1f}")
+    out_console.print(t)
+    out_console.print(f"results: {out / 'bench.json'}" + (f"; {target}" if target else ""))
+
+
+@bench_app.command("speed")
+def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare against: trl")] = None,
+                pairs: Annotated[int, typer.Option(help="interleaved A/B pairs per mode")] = 5,
+                steps: Annotated[int, typer.Option(help="timed steps per run (after one warm-up step)")] = 5,
+                threads: int = 2, max_new_tokens: int = 128,
+                modes: Annotated[str, typer.Option(help="natural,forced")] = "natural,forced",
+                model: str = "builtin:testbed-sft",
+                out: Annotated[Path, typer.Option(help="JSON results")] = Path("runs/bench-speed.json")):
+    """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B."""
+    from taut.bench.speed import Workload, run_pair_series
+
+    sides = ("taut", vs) if vs else ("taut",)
+    if vs not in (None, "trl"):
+        err_console.print(f"[red]error:[/red] --vs {vs!r}: only trl is supported")
+        raise typer.Exit(2)
+    results = {}
+    for mode in modes.split(","):
+        w = Workload(model=model, max_new_tokens=max_new_tokens, forced=mode == "forced", threads=threads, steps=steps)
+        out_console.print(f"[bold]{mode}[/bold] lengths, {pairs} pair(s)")
+        results[mode] = run_pair_series(w, pairs, sides, log=out_console.print)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    from taut.bench.speed import median_of
+
+    t = Table(title="throughput (medians over runs)")
+    for col in ("mode", "side", "steps/s", "rollout tok/s", "generation s", "log-probs s", "backward+opt s", "rewards s", "peak RSS MB"):
+        t.add_column(col, justify="right")
+    for mode, r in results.items():
+        for side, runs in r["runs"].items():
+            split = {k: statistics.median(x["split_s_per_step"][k] for x in runs) for k in runs[0]["split_s_per_step"]}
+            t.add_row(mode, side, f"{median_of(runs, 'steps_per_s'):.3f}", f"{median_of(runs, 'rollout_tokens_per_s'):.0f}",
+                      *(f"{v:.3f}" for v in split.values()), f"{median_of(runs, 'peak_rss_mb'):.0f}")
+        if "ratio" in r:
+            ratio = r["ratio"]
+            t.add_row(mode, f"taut/{vs}", f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})", "", "", "", "", "", "")
+    out_console.print(t)
+    out_console.print(f"written: {out}")
 
 
 def main() -> None:

@@ -80,7 +80,7 @@ class ColumnMap(Strict):
     response: str | None = Field(None, description="a worked response, for SFT")
     domain: str | None = None
     difficulty: str | None = None
-    id: str | None = Field(None, description="a stable problem id (default: the row number)")
+    id: str | None = Field(None, description="a stable problem id (default: the row number; splits then hash the prompt)")
 
 
 class FileTaskConfig(Strict):
@@ -125,10 +125,12 @@ class SFTConfig(Strict):
 
 class RLConfig(Strict):
     engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: taut's HF sampler, or vLLM (GPU extra)")
+    rollout_rows: int = Field(1024, gt=0, description="rollouts generated together; more are generated in chunks")
     steps: int | None = Field(None, ge=0, description="RL steps; default: the sum of the phases' steps (100 without phases)")
     prompts_per_step: int = Field(16, gt=0)
     group_size: int = Field(8, ge=2, description="rollouts per prompt (G)")
     max_new_tokens: int = Field(128, gt=0, description="rollout cap when the strategy sets none")
+    min_new_tokens: int = Field(0, ge=0, description="forbid <eos> before this many tokens (throughput benchmarks at forced length)")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     lr: float = Field(2e-4, gt=0)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from taut.checkpoint import latest_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
 from taut.config import RunConfig, to_yaml
-from taut.models import Policy, load_policy
+from taut.models import Policy, load_policy, resume_policy
 from taut.runlog import MetricsLog, StepProgress, console
 
 
@@ -126,7 +126,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     start = 0
     if resume and (ckpt := latest_checkpoint(run_dir)) is not None:
         remove_partial(run_dir)
-        policy = load_policy(config.model.model_copy(update={"path": str(ckpt), "preset": None}))
+        policy = resume_policy(config.model, ckpt)
         start = read_state(ckpt)["step"]
     else:
         policy = load_policy(config.model, seed=config.seed)

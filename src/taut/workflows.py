@@ -29,7 +29,10 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], **generate_
     tasks = [load_task(spec, config.data.levels) for spec in (config.eval.tasks or config.data.eval)]
     max_new = config.eval.max_new_tokens or config.rl.max_new_tokens
     t0 = time.perf_counter()
-    samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, **generate_kwargs)
+    from taut.rollout import build_engine
+
+    engine = build_engine(config.rl.engine, policy, max_rows=config.eval.batch_size)
+    samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, **generate_kwargs)
     result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0})
     return result, samples
 

@@ -38,6 +38,8 @@ class GroupBatch:
             )
         if self.prompt_ids and len(self.prompt_ids) != shape[0]:
             raise ValueError(f"{len(self.prompt_ids)} prompt ids for {shape[0]} groups")
+        if self.budgets is not None and tuple(self.budgets.shape) != (shape[0],):
+            raise ValueError(f"budgets must hold one value per group, shape ({shape[0]},); got {tuple(self.budgets.shape)}")
 
     @classmethod
     def from_flat(cls, group_ids: list[str], correct, lengths, truncated, *, step: int, cap: int,

@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics

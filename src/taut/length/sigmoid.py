@@ -87,5 +87,5 @@ def top_groups(correct: Tensor, fraction: float) -> Tensor:
     ratio = correct.float().mean(dim=1).tolist()
     order = sorted(range(n_groups), key=lambda i: -ratio[i])       # stable: ties keep batch order
     selected = torch.zeros(n_groups, dtype=torch.bool)
-    selected[order[: math.ceil(fraction * n_groups)]] = True
+    selected[order[: math.ceil(round(fraction * n_groups, 9))]] = True     # round: 0.28·25 is 7.000000000000001
     return selected

@@ -14,8 +14,9 @@ round):
 Departures: here the stages follow each other within one phase, `steps_per_stage` steps each,
 with no checkpoint choice in between (the paper's per-round choice — the shortest checkpoint
 losing at most 10 % relative accuracy — is not reproduced; `selection.criterion:
-shortest-within` chooses a run's checkpoint by a rule of that kind); the paper also writes the limit into the system prompt, which we
-do not (the testbed model was not trained to read it). Both caps replace `rl.max_new_tokens`.
+shortest-within` chooses a run's checkpoint by a rule of that kind). The paper also writes the
+limit into the system prompt, which we do not (the testbed model was not trained to read it).
+Both caps replace `rl.max_new_tokens`.
 Metrics: penalised_frac and penalty_mean, as for siri; the trainer logs the cap.
 """
 

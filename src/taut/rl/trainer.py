@@ -41,7 +41,7 @@ from taut.config import RunConfig, to_yaml
 from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, draw_mixture, mixture_share, select
 from taut.length import GroupBatch, Strategy, build_strategy
 from taut.metrics import mean, percentile
-from taut.models import Policy, load_policy
+from taut.models import Policy, load_policy, restore_weights, resume_policy
 from taut.rl.advantages import group_advantages
 from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs
 from taut.rl.losses import aggregation_weights, clipped_policy_loss, sft_loss
@@ -125,7 +125,8 @@ def collect(policy: Policy, engine: RolloutEngine, draw, strategy: Strategy, cfg
     """Generate, grade and shape; with dynamic sampling, drop equal-reward groups and resample."""
     G, P = cfg.group_size, cfg.prompts_per_step
     out = RolloutBatch()
-    params = SamplingParams(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p)
+    params = SamplingParams(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p,
+                            min_new_tokens=min(cfg.min_new_tokens, cap))
     while out.rounds < cfg.max_sampling_rounds and len(out.rewards) < P:
         out.rounds += 1
         items = draw(P)
@@ -183,7 +184,7 @@ def collect(policy: Policy, engine: RolloutEngine, draw, strategy: Strategy, cfg
 # ---------------------------------------------------------------------------------------------
 
 
-LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped")
+LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped", "logprob_time")
 
 
 def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, cfg, *, cap: int,
@@ -214,13 +215,16 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
         with torch.no_grad():
             old_logp = {key: response_logprobs(model, seq)[0] for key, seq in sequences.items()}
 
-    stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0}
+    stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0,
+             "forward_time": 0.0}
     grad_norms, skipped = [], 0
     for _ in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for key, seq in sequences.items():
             idx = torch.tensor(key)
+            t_forward = time.perf_counter()
             logp, entropy = response_logprobs(model, seq, with_entropy=True)          # [n, Tr]
+            stats["forward_time"] += time.perf_counter() - t_forward
             weights = weights_all[idx].to(logp.device)
             if sft:
                 loss = sft_loss(logp, seq.mask, weights)
@@ -258,6 +262,7 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
         "clip_low_frac": stats["clip_low"] / tokens,
         "clip_high_frac": stats["clip_high"] / tokens,
         "skipped": float(skipped),
+        "logprob_time": stats["forward_time"],
     }
 
 
@@ -338,7 +343,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     if ckpt is not None:
         remove_partial(run_dir)
         state = read_state(ckpt)
-        policy = load_policy(config.model.model_copy(update={"path": str(ckpt), "preset": None, "lora": None}))
+        policy = resume_policy(config.model, ckpt)
     else:
         (run_dir / "config.yaml").write_text(to_yaml(config))
         policy = load_policy(config.model, seed=config.seed)
@@ -361,7 +366,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
         np_rng.bit_generator.state = state["np_rng"]
         progress = Progress(**state["progress"])
         strategy_state = state["strategy"]
-    engine = build_engine(cfg.engine, policy)
+    engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows)
     validator = Validator(config, policy) if config.validation.every else None
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=progress.step if ckpt is not None else None)
@@ -500,15 +505,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
 
 def _restore(policy: Policy, optimizer, checkpoint: Path) -> None:
     """Load a checkpoint's weights and optimizer state into the running policy."""
-    from safetensors.torch import load_file
-
-    weights = load_file(str(checkpoint / "model.safetensors"), device=str(policy.model.device))
-    missing, unexpected = policy.model.load_state_dict(weights, strict=False)
-    tied = {k for k in missing if k.endswith("lm_head.weight")}
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
-    if tied:
-        policy.model.tie_weights()
+    restore_weights(policy, checkpoint)
     load_optimizer(optimizer, checkpoint)
 
 

@@ -33,6 +33,7 @@ class SamplingParams:
     max_new_tokens: int
     temperature: float = 1.0      # 0 = greedy
     top_p: float = 1.0
+    min_new_tokens: int = 0       # <eos> is not sampled before this many tokens (benchmarks at forced length)
 
 
 class RolloutEngine(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from taut.rollout import Rollouts, SamplingParams
+from taut.rollout import Rollouts, SamplingParams, fast
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
@@ -31,8 +31,10 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 class HFEngine:
     """Sampling from a `PreTrainedModel` with a `DynamicCache` that taut prefills and compacts."""
 
-    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_rows: int = 1024, compact_fraction: float = 0.125):
+    def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_rows: int = 1024, compact_fraction: float = 0.125,
+                 fast: bool = True):
         self.model = model
+        self.fast = fast                          # use the preallocated Llama-family decode path where it applies
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.max_rows = max_rows                  # rows generated together; more prompts are chunked
@@ -69,11 +71,10 @@ class HFEngine:
             position = (mask.cumsum(-1) - 1).clamp(min=0)     # [P, W]
 
             # ---- prefill each distinct prompt once, then repeat for its n samples ----------
-            cache = DynamicCache(config=model.config)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=position, cache=cache,
-                           use_cache=True, logits_to_keep=1).logits[:, -1]          # [P, V]
+            cache = fast.FastDecoder(model) if self.fast and fast.supports(model) else _HFCache(model)
+            logits = cache.prefill(ids, mask, position, params.max_new_tokens)       # [P, V]
             if n > 1:
-                cache.batch_repeat_interleave(n)
+                cache.repeat(n)
                 logits = logits.repeat_interleave(n, dim=0)
                 mask = mask.repeat_interleave(n, dim=0)
             rows = logits.shape[0]
@@ -87,22 +88,22 @@ class HFEngine:
             ended = torch.zeros(rows, dtype=torch.bool, device=device)
             active = torch.arange(rows, device=device)          # [A] row of each batch position
             for t in range(params.max_new_tokens):
+                if t < params.min_new_tokens:
+                    logits[:, self.eos_id] = float("-inf")
                 live = ~ended[active]                           # [A] positions still writing
                 nxt = sample_next(logits, params, generator)     # [A]
                 rows_live = active[live]
                 tokens[rows_live, t] = nxt[live]
                 length[rows_live] += 1
                 ended[rows_live] |= nxt[live] == self.eos_id
-                if bool(ended.all()) or t == params.max_new_tokens - 1:
+                if t == params.max_new_tokens - 1 or bool(ended.all()):
                     break
                 still = ~ended[active]
                 if (~still).sum() >= max(1, int(self.compact_fraction * active.numel())):
                     keep = still.nonzero().squeeze(-1)
-                    cache.batch_select_indices(keep)
-                    active, mask, nxt, next_pos = active[keep], mask[keep], nxt[keep], next_pos[keep]
-                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-                logits = model(input_ids=nxt.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
-                               cache=cache, use_cache=True).logits[:, -1]
+                    cache.select(keep)
+                    active, nxt, next_pos = active[keep], nxt[keep], next_pos[keep]
+                logits = cache.step(nxt, next_pos)
                 next_pos = next_pos + 1
         finally:
             model.train(was_training)
@@ -115,3 +116,30 @@ class HFEngine:
             tokens=[list(prefix) + token_rows[r][: lengths[r]] for r in range(rows)],
             truncated=[not e for e in ended_list],
         )
+
+
+class _HFCache:
+    """The generic path: the model's own forward with a `DynamicCache`."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.mask = None
+
+    def prefill(self, ids, mask, position, max_new):
+        self.mask = mask
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=position, cache=self.cache,
+                          use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def repeat(self, n):
+        self.cache.batch_repeat_interleave(n)
+        self.mask = self.mask.repeat_interleave(n, dim=0)
+
+    def select(self, index):
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+
+    def step(self, tokens, position):
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        return self.model(input_ids=tokens.unsqueeze(1), attention_mask=self.mask, position_ids=position.unsqueeze(1),
+                          cache=self.cache, use_cache=True).logits[:, -1]

@@ -83,7 +83,7 @@ class VLLMEngine:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device)) if generator is not None else None
             requests.append(TokensPrompt(prompt_token_ids=list(p) + prefix))
             settings.append(VSamplingParams(
-                n=n, max_tokens=params.max_new_tokens, seed=seed, detokenize=False,
+                n=n, max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens, seed=seed, detokenize=False,
                 temperature=params.temperature, top_p=params.top_p if params.temperature > 0 else 1.0,
                 stop_token_ids=[self.eos_id],
             ))

@@ -91,7 +91,7 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[str, Any, Split | None]]:
                     raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
                 yield where, record, None
     elif fmt == "csv":
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:       # -sig: spreadsheets write a BOM
             reader = csv.DictReader(f, restkey="\0extra")
             start = 2                                      # line 1 is the header
             for record in reader:
@@ -106,14 +106,13 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[str, Any, Split | None]]:
         for i, record in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield f"{path} row {i}", record, None
     elif fmt == "datasets":
-        from datasets import Dataset, DatasetDict, load_from_disk
+        from datasets import DatasetDict, load_from_disk
 
         data = load_from_disk(str(path))
         parts = data.items() if isinstance(data, DatasetDict) else [(None, data)]
         for key, dataset in parts:
             if key is not None and key not in SPLITS:
                 raise DataError(f"{path}: split {key!r} of the saved DatasetDict is not one of {', '.join(SPLITS)}")
-            assert isinstance(dataset, Dataset)
             for i, record in enumerate(dataset, start=1):
                 yield (f"{path} row {i}" if key is None else f"{path} [{key}] row {i}"), record, key
     else:
@@ -244,7 +243,8 @@ class FileTask:
             if config.columns.difficulty is None:
                 raise ValueError(f"data.levels is set but task {self.name!r} has no difficulty column: "
                                  f"map columns.difficulty or unset data.levels")
-            rows = [r for r in rows if r.difficulty in set(levels)]
+            wanted = set(levels)
+            rows = [r for r in rows if r.difficulty in wanted]
         self.rows = rows
 
     # ---- problems ---------------------------------------------------------------------

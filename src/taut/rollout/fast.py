@@ -1,0 +1,166 @@
+"""A decode step for Llama-family decoders (Qwen2, Qwen3, Llama, Mistral) with a preallocated
+KV cache, sharing the Hugging Face modules' weights.
+
+Why: on small models a `model.forward` call per generated token spends most of its time in
+Python around the arithmetic (cache objects, mask construction, output classes). This path
+does the same arithmetic with the model's own weights — query/key/value and gate/up
+projections fused into one matrix product each, RMS norms as one kernel, attention for the
+single new query written out as two matrix products — writing keys and values into buffers
+allocated once for the whole generation. The prompt is prefilled by the model's own forward;
+its cache is copied into the buffers. A test checks greedy tokens equal `model.generate`.
+
+Rows advance in lockstep: at decode step t every row writes column W + t, where W is the
+(left-padded) prompt width; per-row positions drive the rotary embedding and a per-row mask
+hides the padding. The buffers start with room for 64 new tokens and double when full, so a
+long cap costs memory only when responses are long. Models wrapped by peft (LoRA) use the
+generic path, where the adapters apply.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def supports(model) -> bool:
+    """True for the architectures and settings this path reproduces exactly: full attention
+    (no sliding window) and the default rotary embedding."""
+    if not hasattr(model, "model") or not hasattr(model.model, "layers"):
+        return False                         # e.g. a peft wrapper: its adapters live in the modules' forward
+    config = model.config.to_dict()          # fields differ between architectures
+    if config.get("model_type") not in SUPPORTED or config.get("use_sliding_window"):
+        return False
+    if config.get("model_type") == "mistral" and config.get("sliding_window") is not None:
+        return False
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return rope.get("rope_type", rope.get("type", "default")) in ("default", None)
+
+
+class FastDecoder:
+    def __init__(self, model):
+        self.model = model
+        self.inner = model.model
+        config = model.config
+        attn = self.inner.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.eps = config.rms_norm_eps
+        rotary = self.inner.rotary_emb
+        self.inv_freq, self.rope_scale = rotary.inv_freq, rotary.attention_scaling
+        # fused projections, built from the current weights (a decoder lives for one generate call)
+        self.layers = []
+        for layer in self.inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+            self.layers.append({
+                "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+                "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                "qkv_bias": torch.cat(biases) if all(b is not None for b in biases) else None,
+                "o": a.o_proj.weight, "o_bias": a.o_proj.bias,
+                "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]), "down": m.down_proj.weight,
+                "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,     # Qwen3 normalises q and k per head
+                "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
+            })
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.valid: torch.Tensor | None = None           # [R, capacity] columns a row may attend to
+        self.length = 0
+        self.limit = 0                                   # prompt width + max_new: the most columns ever needed
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor, max_new: int) -> torch.Tensor:
+        """Run the prompt through the model; keep its cache in buffers sized for max_new more tokens."""
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position, cache=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1]
+        rows, width = ids.shape
+        self.limit = width + max_new
+        capacity = min(self.limit, width + 64)           # grown on demand (doubling): long caps cost memory only when used
+        self.k, self.v = [], []
+        for layer in cache.layers:
+            k = layer.keys.new_zeros((rows, self.n_kv, capacity, self.head_dim))
+            v = torch.zeros_like(k)
+            k[:, :, :width] = layer.keys
+            v[:, :, :width] = layer.values
+            self.k.append(k)
+            self.v.append(v)
+        self.valid = torch.zeros((rows, capacity), dtype=torch.bool, device=ids.device)
+        self.valid[:, :width] = mask.bool()
+        self.length = width
+        return logits
+
+    def _grow(self) -> None:
+        t = self.length
+        capacity = min(self.limit, 2 * self.valid.shape[1])
+        for buffers in (self.k, self.v):
+            for i, buf in enumerate(buffers):
+                bigger = buf.new_zeros((buf.shape[0], buf.shape[1], capacity, buf.shape[3]))
+                bigger[:, :, :t] = buf[:, :, :t]
+                buffers[i] = bigger
+        valid = self.valid.new_zeros((self.valid.shape[0], capacity))
+        valid[:, :t] = self.valid[:, :t]
+        self.valid = valid
+
+    def repeat(self, n: int) -> None:
+        self.k = [k.repeat_interleave(n, dim=0) for k in self.k]
+        self.v = [v.repeat_interleave(n, dim=0) for v in self.v]
+        self.valid = self.valid.repeat_interleave(n, dim=0)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows `index`; only the columns written so far are copied."""
+        t = self.length
+        for buffers in (self.k, self.v):
+            for i, buf in enumerate(buffers):
+                kept = buf.new_empty((index.numel(), *buf.shape[1:]))
+                kept[:, :, :t] = buf[index, :, :t]
+                buffers[i] = kept
+        self.valid = self.valid.index_select(0, index)
+
+    def _rotary(self, position: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position.float().unsqueeze(-1) * self.inv_freq.float()                    # [A, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self.rope_scale).to(dtype).view(-1, 1, 1, self.head_dim),
+                (emb.sin() * self.rope_scale).to(dtype).view(-1, 1, 1, self.head_dim))
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Logits [A, V] for the next token after `tokens` [A] at `position` [A]."""
+        t = self.length
+        if t == self.valid.shape[1]:
+            self._grow()
+        rows, d, kv, groups = tokens.shape[0], self.head_dim, self.n_kv, self.n_heads // self.n_kv
+        x = self.inner.embed_tokens(tokens)                                                # [A, H]
+        cos, sin = self._rotary(position, x.dtype)                                          # [A, 1, 1, D]
+        self.valid[:, t] = True
+        hidden_mask = ~self.valid[:, : t + 1].view(rows, 1, 1, t + 1)                      # [A, 1, 1, T]
+        width = x.shape[-1]
+        for i, w in enumerate(self.layers):
+            h = F.rms_norm(x, (width,), w["ln1"], self.eps)
+            qkv = F.linear(h, w["qkv"], w["qkv_bias"])
+            q, k, v = qkv.split([self.n_heads * d, kv * d, kv * d], dim=-1)
+            q, k, v = q.view(rows, kv, groups, d), k.view(rows, kv, 1, d), v.view(rows, kv, d)
+            if w["q_norm"] is not None:
+                q, k = F.rms_norm(q, (d,), w["q_norm"], self.eps), F.rms_norm(k, (d,), w["k_norm"], self.eps)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            self.k[i][:, :, t] = k[:, :, 0]
+            self.v[i][:, :, t] = v
+            keys, values = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]                  # [A, kv, T, D]
+            scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scaling                   # [A, kv, groups, T]
+            probs = torch.softmax(scores.masked_fill(hidden_mask, float("-inf")), dim=-1)
+            out = torch.matmul(probs, values).reshape(rows, -1)                               # [A, heads·D]
+            x = x + F.linear(out, w["o"], w["o_bias"])
+            h = F.rms_norm(x, (width,), w["ln2"], self.eps)
+            gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w["down"])
+        self.length = t + 1
+        return self.model.lm_head(F.rms_norm(x, (width,), self.inner.norm.weight, self.eps))
