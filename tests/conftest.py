@@ -1,10 +1,8 @@
 import os
 
 import pytest
-import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
@@ -21,4 +19,4 @@ def sft_policy():
     from taut.config import ModelConfig
     from taut.models import load_policy
 
-    return load_policy(ModelConfig(path=os.environ.get("TAUT_TEST_MODEL", "builtin:testbed-sft"), threads=2))
+    return load_policy(ModelConfig(path=os.environ.get("TAUT_TEST_MODEL", "builtin:testbed-sft")))

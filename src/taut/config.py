@@ -147,7 +147,7 @@ class RLConfig(Strict):
     dynamic_sampling: bool = Field(True, description="drop groups whose shaped rewards are all equal; resample to refill")
     max_sampling_rounds: int = Field(3, ge=1, description="generation rounds per step to refill a dynamic-sampling batch")
     updates_per_batch: int = Field(1, ge=1, description="optimizer updates per rollout batch (>1 uses old log-probs)")
-    micro_batch_tokens: int = Field(16384, gt=0, description="padded tokens per forward/backward micro-batch")
+    micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length)")
     checkpoint_every: int = Field(50, gt=0)
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
     log_every: int = Field(1, gt=0)

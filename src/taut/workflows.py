@@ -55,40 +55,45 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None) ->
 
 
 def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
-    """SFT checkpoint → GRPO on the testbed → evaluation before and after."""
-    from taut.checkpoint import list_checkpoints
+    """RL from the shipped SFT checkpoint on the testbed, evaluated at the start and at the end
+    of every phase, then the report."""
+    import json
+
+    from taut.checkpoint import step_name
+    from taut.report import write_run_report
     from taut.rl.trainer import train_rl
     from taut.runlog import default_run_dir
 
     run_dir = Path(out or default_run_dir("demo"))
     t0 = time.perf_counter()
-    console.print(f"[bold]taut demo[/bold]: GRPO ({config.strategy.name}) from {config.model.path}, {config.rl_steps()} steps → {run_dir}")
+    plan = " → ".join(f"{p.name} ({p.strategy.name}, {p.steps} steps)" for p in config.plan())
+    console.print(f"[bold]taut demo[/bold]: from {config.model.path}: {plan} → {run_dir}")
     train_rl(config, run_dir, quiet=quiet)
-    first, last = list_checkpoints(run_dir)[0], list_checkpoints(run_dir)[-1]
-    before, _ = evaluate_target(config, first, run_dir / "eval" / f"{first.name}.json")
-    after, _ = evaluate_target(config, last, run_dir / "eval" / f"{last.name}.json")
-    console.print(before_after_table(before, after))
-    from taut.report import write_run_report
-
+    phases = json.loads((run_dir / "curriculum.json").read_text())["phases"]
+    stages = [("start (SFT)", 0)] + [(f"after {p['name']}", p["end_step"]) for p in phases]
+    results = []
+    for label, step in stages:
+        checkpoint = run_dir / "checkpoints" / step_name(step)
+        result, _ = evaluate_target(config, checkpoint, run_dir / "eval" / f"{checkpoint.name}.json")
+        results.append((label, result))
+    console.print(stages_table(results))
     report = write_run_report(run_dir)
-    console.print(f"report: [bold]{report}[/bold]")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s; run directory: [bold]{run_dir}[/bold]")
+    console.print(f"report: [bold]{report}[/bold]")
     return run_dir
 
 
-def before_after_table(before: dict, after: dict) -> Table:
-    t = Table(title="before (SFT) → after (RL), sampled at temperature 1")
-    for col in ("", "accuracy", "mean tokens", "redundancy"):
+def stages_table(results: list[tuple[str, dict]]) -> Table:
+    """Accuracy and tokens at each stage, overall and on the easiest and hardest levels."""
+    t = Table(title="the testbed, sampled at temperature 1 (test split)")
+    for col in ("", "accuracy", "mean tokens", "redundancy", "held-out acc.", "held-out tokens",
+                "level 1 tokens", "level 4 accuracy"):
         t.add_column(col, justify="right")
-    rows = [("overall", "overall"), ("in-domain", "in_domain"), ("held-out", "held_out")]
-    rows += [(f"level {k}", ("by_level", k)) for k in before["by_level"]]
-    for label, key in rows:
-        b = before[key[0]][key[1]] if isinstance(key, tuple) else before[key]
-        a = after[key[0]][key[1]] if isinstance(key, tuple) else after[key]
-        if not b.get("n_samples"):
-            continue
-        t.add_row(label, f"{b['accuracy']:.3f} → {a['accuracy']:.3f}", f"{b['tokens_mean']:.1f} → {a['tokens_mean']:.1f}",
-                  f"{b.get('redundancy', 0):.2f} → {a.get('redundancy', 0):.2f}")
+    for label, r in results:
+        levels = r["by_level"]
+        t.add_row(label, f"{r['overall']['accuracy']:.3f}", f"{r['overall']['tokens_mean']:.1f}",
+                  f"{r['overall'].get('redundancy', 0):.2f}", f"{r['held_out']['accuracy']:.3f}",
+                  f"{r['held_out']['tokens_mean']:.1f}", f"{levels['1']['tokens_mean']:.1f}", f"{levels['4']['accuracy']:.3f}")
     return t
 
 

@@ -167,9 +167,14 @@ def collect(policy: Policy, engine: RolloutEngine, draw, strategy: Strategy, cfg
         out.groups_sampled += len(items)
         out.group_pass += list(zip(batch.prompt_ids, batch.correct.float().mean(dim=1).tolist()))
 
-        spread = shaped.rewards.amax(dim=1) - shaped.rewards.amin(dim=1)          # [P]
+        # a group teaches nothing when its shaped rewards are all equal (for the SFT objective:
+        # when none of its rollouts is kept)
+        if strategy.objective == "sft":
+            uninformative = shaped.rewards.amax(dim=1) <= 0                            # [P]
+        else:
+            uninformative = shaped.rewards.amax(dim=1) - shaped.rewards.amin(dim=1) <= 1e-9
         for g in range(len(items)):
-            if len(out.rewards) == P or (cfg.dynamic_sampling and spread[g] <= 1e-9):
+            if len(out.rewards) == P or (cfg.dynamic_sampling and uninformative[g]):
                 continue
             out.rewards.append(shaped.rewards[g])
             out.prompts += [prompt_ids[g]] * G
@@ -390,7 +395,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     if ckpt is None:
         checkpoint()                          # the starting point, so every run can be compared to it
 
-    with StepProgress(config.rl_steps(), f"rl {plan[0].strategy.name}", quiet, progress.step) as bar:
+    with StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, progress.step) as bar:
         while progress.phase_index < len(plan):
             phase = plan[progress.phase_index]
             strategy = build_strategy(phase.strategy)
