@@ -126,6 +126,7 @@ class SFTConfig(Strict):
 class RLConfig(Strict):
     engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: taut's HF sampler, or vLLM (GPU extra)")
     rollout_rows: int = Field(1024, gt=0, description="rollouts generated together; more are generated in chunks")
+    fast_decode: bool = Field(True, description="hf engine: the preallocated decode path for Llama-family models (false: the generic path)")
     steps: int | None = Field(None, ge=0, description="RL steps; default: the sum of the phases' steps (100 without phases)")
     prompts_per_step: int = Field(16, gt=0)
     group_size: int = Field(8, ge=2, description="rollouts per prompt (G)")

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import statistics
 import time
@@ -80,9 +81,8 @@ def _run_config(bench: BenchConfig, model: str, steps: int, seed: int, method: M
             data["validation"] = method.validation.model_dump()
         if method.selection is not None:
             data["selection"] = method.selection.model_dump()
-        if method.evaluate:
-            every = data["rl"]["checkpoint_every"]
-            data["rl"]["checkpoint_every"] = min([every, *[s for s in method.evaluate.values() if s > 0]])
+        if method.evaluate:                    # every step to evaluate must get a checkpoint
+            data["rl"]["checkpoint_every"] = math.gcd(data["rl"]["checkpoint_every"], *[s for s in method.evaluate.values() if s > 0])
     return RunConfig.model_validate(data)
 
 

@@ -40,6 +40,9 @@ class Workload:
     warmup: int = 1
     lr: float = 2e-4
     seed: int = 0
+    # taut's own settings, for ablations of its optimisations (TRL ignores them)
+    fast_decode: bool = True
+    micro_batch_tokens: int = 2048
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +70,8 @@ def run_taut(w: Workload) -> dict[str, Any]:
         "data": {"train": ["gym:train"], "pool_per_level": 8},
         "rl": {"steps": w.warmup + w.steps, "prompts_per_step": w.prompts_per_step, "group_size": w.group_size,
                "max_new_tokens": w.max_new_tokens, "min_new_tokens": w.max_new_tokens if w.forced else 0,
-               "lr": w.lr, "dynamic_sampling": False, "checkpoint_every": 10**6},
+               "lr": w.lr, "dynamic_sampling": False, "checkpoint_every": 10**6,
+               "fast_decode": w.fast_decode, "micro_batch_tokens": w.micro_batch_tokens},
     })
     with tempfile.TemporaryDirectory() as out:
         train_rl(config, Path(out), quiet=True)

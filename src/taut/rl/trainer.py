@@ -371,7 +371,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
         np_rng.bit_generator.state = state["np_rng"]
         progress = Progress(**state["progress"])
         strategy_state = state["strategy"]
-    engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows)
+    engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode)
     validator = Validator(config, policy) if config.validation.every else None
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=progress.step if ckpt is not None else None)

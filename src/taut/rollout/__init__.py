@@ -58,12 +58,12 @@ class RolloutEngine(Protocol):
         ...
 
 
-def build_engine(kind: str, policy, max_rows: int = 1024) -> RolloutEngine:
+def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True) -> RolloutEngine:
     """The rollout engine named in `rl.engine` for a policy (vLLM is imported only when asked for)."""
     if kind == "hf":
         from taut.rollout.hf import HFEngine
 
-        return HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=max_rows)
+        return HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=max_rows, fast=fast)
     if kind == "vllm":
         from taut.rollout.vllm import VLLMEngine
 
