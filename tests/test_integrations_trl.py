@@ -117,7 +117,7 @@ def test_grpo_trainer_follows_the_schedule_and_taut_shapes_the_rewards(tmp_path,
 
     eos = trainer.processing_class.eos_token_id
     replayed = replay(reward.calls, eos)
-    for call, (want, batch) in zip(reward.calls, replayed):
+    for call, (want, _batch) in zip(reward.calls, replayed):
         assert call["rewards"] == pytest.approx(want, abs=1e-6)
     assert any(0 < r < 1 for call in reward.calls for r in call["rewards"]), "some correct rollouts should be penalised"
 

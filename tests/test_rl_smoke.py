@@ -1,6 +1,7 @@
 """The trainer on a tiny random model: parameters change and reward rises on a trivially learnable task."""
 
 import json
+import os
 
 import torch
 
@@ -36,3 +37,21 @@ def test_grpo_raises_reward_and_changes_parameters(tmp_path):
     for key in ("reward", "length_mean", "truncation_rate", "cap", "step_time"):
         assert records[-1][key] is not None, key
     assert sum(r["entropy"] is not None and r["grad_norm"] > 0 for r in records) >= 10   # updated whenever a group had a spread
+
+
+def test_mixed_precision_keeps_fp32_weights_and_trains(tmp_path):
+    """`model.dtype: bf16-mixed` (what `auto` means on a GPU): fp32 weights, bf16 autocast."""
+    config = RunConfig.model_validate({
+        "model": {"path": os.environ.get("TAUT_TEST_MODEL", "builtin:testbed-sft"), "dtype": "bf16-mixed", "threads": 1},
+        "data": {"train": ["gym:add"], "levels": [2, 3], "pool_per_level": 8},
+        "rl": {"steps": 2, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 48, "lr": 1e-3},
+    })
+    final = train_rl(config, tmp_path, quiet=True)
+    from safetensors.torch import load_file
+
+    start = load_file(str(tmp_path / "checkpoints" / "step-000000" / "model.safetensors"))
+    end = load_file(str(final / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in end.values())
+    assert any(not torch.equal(start[k], end[k]) for k in start)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "event" not in line]
+    assert all(r["loss"] is not None and abs(r["loss"]) < 1e3 for r in records if r["grad_norm"] is not None)

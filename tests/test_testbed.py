@@ -12,7 +12,7 @@ from taut.tasks.gym.vocab import VOCAB, build_tokenizer
 
 def _instances(n_per_cell=60, seed=0):
     rng = random.Random(seed)
-    for name, domain in DOMAINS.items():
+    for domain in DOMAINS.values():
         for level in LEVELS:
             for _ in range(n_per_cell):
                 yield Instance(domain, level, domain.sample(rng, level))

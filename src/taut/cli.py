@@ -109,7 +109,7 @@ def eval_cmd(
 
     if config is None and (target / "config.yaml").exists():
         config = target / "config.yaml"
-    overrides = list(set or [])
+    overrides = [f"model.path={target}", *(set or [])]     # the model is the target; model.* overrides refine it
     if tasks:
         overrides.append(f"eval.tasks={json.dumps(tasks.split(','))}")
     if samples:

@@ -40,7 +40,8 @@ class ModelConfig(Strict):
 
     path: str | None = Field(None, description="local directory, run directory, hub id in the local cache, or builtin:<name>")
     preset: Literal["tiny", "small"] | None = Field(None, description="build a testbed model from a config, random weights")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
+    dtype: Literal["auto", "float32", "bf16-mixed", "bfloat16", "float16"] = Field(
+        "auto", description="auto: fp32 on CPU; fp32 weights with bf16 autocast on GPU (= bf16-mixed); bfloat16/float16: pure")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:1, …")
     threads: int | None = Field(None, gt=0, description="CPU threads for torch (default: all cores)")
     lora: LoraConfig | None = None

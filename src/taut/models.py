@@ -15,6 +15,7 @@ state, which covers the adapter's parameters only, matches the parameters it was
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -56,6 +57,14 @@ class Policy:
     source: str            # where it was loaded from, for the run record
     chat: bool = False     # prompts go through the tokenizer's chat template
     lora_base: dict[str, Any] | None = None   # with LoRA: how to rebuild the base model (path / preset, seed)
+    compute_dtype: torch.dtype | None = None   # mixed precision: forward passes autocast to this dtype
+
+    def autocast(self):
+        """The context forward passes run in: autocast to `compute_dtype` under mixed precision
+        (fp32 master weights, bf16 arithmetic), nothing otherwise."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.model.device.type, dtype=self.compute_dtype)
 
     def encode_prompt(self, text: str) -> list[int]:
         """The prompt as the model sees it: through the chat template (with the generation
@@ -99,10 +108,15 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
-def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(spec: str, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """(parameter dtype, autocast dtype or None). `auto`: fp32 on CPU; on GPU fp32 master weights
+    with bf16 autocast, so that small learning rates are not rounded away as they are on bf16
+    weights. `bf16-mixed` asks for that mixed precision on any device."""
     if spec == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[spec]
+        return (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32, None)
+    if spec == "bf16-mixed":
+        return torch.float32, torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[spec], None
 
 
 def build_testbed_model(preset: str, seed: int = 0) -> Policy:
@@ -189,7 +203,7 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype, compute_dtype = resolve_dtype(config.dtype, device)
     if config.preset:
         policy = build_testbed_model(config.preset, seed)
     else:
@@ -200,6 +214,7 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
             tokenizer.pad_token = tokenizer.eos_token
         policy = Policy(model, tokenizer, where)
     policy.model.to(device=device, dtype=dtype)
+    policy.compute_dtype = compute_dtype
     policy.chat = config.chat_template == "auto" and bool(policy.tokenizer.chat_template)
     if config.lora:
         policy.model = _with_lora(policy.model, config)

@@ -146,7 +146,8 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
                 group["lr"] = lr
             ids, labels = encode_batch(policy, _bucketed(config, step))
             ids, labels = ids.to(device), labels.to(device)
-            logits = model(input_ids=ids).logits[:, :-1]                        # [B, T-1, V]
+            with policy.autocast():
+                logits = model(input_ids=ids).logits[:, :-1]                    # [B, T-1, V]
             target = labels[:, 1:]                                              # [B, T-1]
             token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
                                          ignore_index=-100, reduction="sum")

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
+from taut.evaluate import finite
 from taut.config import ConfigError, EvalConfig, PhaseConfig, RLConfig, RunConfig, SelectionConfig, ValidationConfig
 from taut.length import StrategyConfig
 from taut.runlog import console
@@ -144,7 +145,7 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
     summary = {"start": start_eval, "results": results, "rows": summarise(start_eval, results),
                "seconds": time.perf_counter() - t0, "timings": timings, "command": command,
                "config": bench.model_dump(mode="json")}
-    (out / "bench.json").write_text(json.dumps(_finite(summary), indent=1))
+    (out / "bench.json").write_text(json.dumps(finite(summary), indent=1))
     figures = _figures(out, results)
     if benchmarks_md is not None:
         write_benchmarks_md(benchmarks_md, summary, figures)
@@ -304,9 +305,3 @@ def write_benchmarks_md(path: Path, summary: dict[str, Any], figures: dict[str, 
         discussion = text[text.index(DISCUSSION_START) + len(DISCUSSION_START): text.index(DISCUSSION_END)].strip("\n") + "\n"
     lines += [DISCUSSION_START, discussion, DISCUSSION_END, ""]
     path.write_text("\n".join(lines))
-
-
-def _finite(value: Any) -> Any:
-    from taut.evaluate import finite
-
-    return finite(value)

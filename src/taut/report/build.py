@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Any
 
+from taut.evaluate import finite
 from taut.report.figures import Drawn, Omitted, draw_all, run_colors
 from taut.report.html import render
 from taut.report.runs import RunResults, load_run, unique_labels
@@ -53,18 +52,7 @@ def write_report(runs: list[RunResults], out: Path, title: str) -> Path:
         "figures": {d.name: {"file": images[d.name].name, "title": d.title, "data": d.data} for d in drawn},
         "omitted": {f.name: f.reason for f in figures if isinstance(f, Omitted)},
     }
-    (out / DATA).write_text(json.dumps(_strict(data), indent=1))
+    (out / DATA).write_text(json.dumps(finite(data), indent=1))
     path = out / REPORT
     path.write_text(render(title, run_info, rows, figures, images))
     return path
-
-
-def _strict(value: Any) -> Any:
-    """The same structure with nan replaced by None, so `report.json` is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value

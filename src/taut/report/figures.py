@@ -83,9 +83,11 @@ class Omitted:
     reason: str
 
 
+EXTRA = ["#D62728", "#9467BD", "#BCBD22", "#7F7F7F", "#17BECF"]   # distinct from PALETTE's hues
+
+
 def run_colors(n: int) -> list[str]:
-    extra = [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab10"].colors]
-    palette = PALETTE + [c for c in extra if c not in PALETTE]
+    palette = PALETTE + EXTRA
     return [palette[i % len(palette)] for i in range(n)]
 
 

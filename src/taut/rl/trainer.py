@@ -217,7 +217,7 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
                  for c in chunks}
     old_logp = {}
     if cfg.updates_per_batch > 1 and not sft:
-        with torch.no_grad():
+        with torch.no_grad(), policy.autocast():
             old_logp = {key: response_logprobs(model, seq)[0] for key, seq in sequences.items()}
 
     stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0,
@@ -228,7 +228,8 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
         for key, seq in sequences.items():
             idx = torch.tensor(key)
             t_forward = time.perf_counter()
-            logp, entropy = response_logprobs(model, seq, with_entropy=True)          # [n, Tr]
+            with policy.autocast():
+                logp, entropy = response_logprobs(model, seq, with_entropy=True)      # [n, Tr]
             stats["forward_time"] += time.perf_counter() - t_forward
             weights = weights_all[idx].to(logp.device)
             if sft:
@@ -236,7 +237,7 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
             else:
                 ref_logp = None
                 if reference is not None:
-                    with torch.no_grad():
+                    with torch.no_grad(), policy.autocast():
                         ref_logp = response_logprobs(reference, seq)[0]
                 terms = clipped_policy_loss(
                     logp, old_logp.get(key, logp.detach()), advantages[idx].to(logp.device), seq.mask, weights,

@@ -63,7 +63,7 @@ def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True) -> 
     if kind == "hf":
         from taut.rollout.hf import HFEngine
 
-        return HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=max_rows, fast=fast)
+        return HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=max_rows, fast=fast, autocast=policy.autocast)
     if kind == "vllm":
         from taut.rollout.vllm import VLLMEngine
 

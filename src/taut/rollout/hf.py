@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -32,8 +34,9 @@ class HFEngine:
     """Sampling from a `PreTrainedModel` with a `DynamicCache` that taut prefills and compacts."""
 
     def __init__(self, model: PreTrainedModel, eos_id: int, pad_id: int, max_rows: int = 1024, compact_fraction: float = 0.125,
-                 fast: bool = True):
+                 fast: bool = True, autocast=contextlib.nullcontext):
         self.model = model
+        self.autocast = autocast                  # the policy's mixed-precision context (a callable)
         self.fast = fast                          # use the preallocated Llama-family decode path where it applies
         self.eos_id = eos_id
         self.pad_id = pad_id
@@ -47,7 +50,8 @@ class HFEngine:
         per_chunk = max(1, self.max_rows // n)
         out = Rollouts([], [], [])
         for start in range(0, len(prompts), per_chunk):
-            chunk = self._generate(prompts[start : start + per_chunk], n, params, generator, response_prefix or [], ban_first)
+            with self.autocast():
+                chunk = self._generate(prompts[start : start + per_chunk], n, params, generator, response_prefix or [], ban_first)
             out.prompt_index += [start + i for i in chunk.prompt_index]
             out.tokens += chunk.tokens
             out.truncated += chunk.truncated
