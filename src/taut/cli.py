@@ -109,7 +109,7 @@ def eval_cmd(
 
     if config is None and (target / "config.yaml").exists():
         config = target / "config.yaml"
-    overrides = [f"model.path={target}", *(set or [])]     # the model is the target; model.* overrides refine it
+    overrides = [f"model.path={target}", "model.preset=null", *(set or [])]   # the model is the target
     if tasks:
         overrides.append(f"eval.tasks={json.dumps(tasks.split(','))}")
     if samples:
@@ -126,13 +126,13 @@ def eval_cmd(
 @app.command()
 def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False,
          config: Annotated[Path, typer.Option("--config", "-c")] = Path("recipes/demo.yaml")):
-    """SFT checkpoint → GRPO → eval on the testbed, with a before/after table."""
+    """The shipped SFT checkpoint → an accuracy phase → a compression phase on the testbed,
+    evaluated at each stage, then the report."""
     from taut.workflows import run_demo
 
     if not config.exists():
-        from importlib.resources import files
-
-        config = Path(str(files("taut") / "recipes" / "demo.yaml"))
+        err_console.print(f"[red]error:[/red] {config} not found: run from the repository root or pass --config")
+        raise typer.Exit(2)
     run_demo(_config(config, set), out, quiet=quiet)
 
 
