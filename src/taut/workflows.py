@@ -70,7 +70,7 @@ def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
     console.print(f"[bold]taut demo[/bold]: from {config.model.path}: {plan} → {run_dir}")
     train_rl(config, run_dir, quiet=quiet)
     phases = json.loads((run_dir / "curriculum.json").read_text())["phases"]
-    stages = [("start (SFT)", 0)] + [(f"after {p['name']}", p["end_step"]) for p in phases]
+    stages = [("SFT", 0)] + [(f"+ {p['name']}", p["end_step"]) for p in phases]
     results = []
     for label, step in stages:
         checkpoint = run_dir / "checkpoints" / step_name(step)
@@ -86,8 +86,7 @@ def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
 def stages_table(results: list[tuple[str, dict]]) -> Table:
     """Accuracy and tokens at each stage, overall and on the easiest and hardest levels."""
     t = Table(title="the testbed, sampled at temperature 1 (test split)")
-    for col in ("", "accuracy", "mean tokens", "redundancy", "held-out acc.", "held-out tokens",
-                "level 1 tokens", "level 4 accuracy"):
+    for col in ("stage", "acc", "tokens", "redund.", "held-out acc", "held-out tok", "L1 tok", "L4 acc"):
         t.add_column(col, justify="right")
     for label, r in results:
         levels = r["by_level"]
