@@ -143,11 +143,12 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _fsync_tree(directory: Path) -> None:
-    for p in directory.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
+    """fsync every file and directory below `directory` (a LoRA checkpoint holds `adapter/`)."""
+    for root, _, files in os.walk(directory):
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(directory)
+        _fsync_dir(Path(root))
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -25,8 +25,7 @@ from rich.table import Table
 from taut.config import EvalConfig
 from taut.metrics import histogram, mean, pass_at_k, percentile
 from taut.models import Policy
-from taut.rollout import RolloutEngine, SamplingParams
-from taut.rollout.hf import HFEngine
+from taut.rollout import RolloutEngine, SamplingParams, build_engine
 from taut.tasks import Problem, Task
 from taut.tasks.base import OracleTask
 
@@ -65,7 +64,7 @@ def generate_and_grade(
     problems: list[tuple[Task, Problem]] | None = None,
 ) -> list[Sample]:
     """Sample `cfg.samples` responses per problem and grade them."""
-    engine = engine or HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=cfg.batch_size)
+    engine = engine or build_engine("hf", policy, max_rows=cfg.batch_size)
     if problems is None:
         problems = [(task, p) for task in tasks for p in task.problems(cfg.split, cfg.n_per_level, seed)]
     generator = torch.Generator(device=policy.model.device).manual_seed(seed)

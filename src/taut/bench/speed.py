@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MODES = {"natural": False, "forced": True}
-
 
 @dataclass(frozen=True)
 class Workload:

@@ -278,13 +278,14 @@ def update(policy: Policy, optimizer, batch: RolloutBatch, strategy: Strategy, c
 
 
 class Validator:
-    def __init__(self, config: RunConfig, policy: Policy):
+    def __init__(self, config: RunConfig, policy: Policy, engine: RolloutEngine):
         from taut.config import EvalConfig
 
         v = config.validation
         self.config = EvalConfig(split="validation", n_per_level=v.n_per_level, samples=v.samples,
                                  temperature=v.temperature, budgets=[])
         self.policy = policy
+        self.engine = engine                      # the trainer's own engine: same decode path and precision
         self.max_new_tokens = config.rl.max_new_tokens
         self.seed = config.seed
         tasks = [load_task(spec, config.data.levels) for spec in (v.tasks or config.data.train)]
@@ -295,7 +296,8 @@ class Validator:
     def __call__(self) -> dict[str, float]:
         from taut.evaluate import generate_and_grade
 
-        samples = generate_and_grade(self.policy, [], self.config, self.max_new_tokens, seed=self.seed, problems=self.problems)
+        samples = generate_and_grade(self.policy, [], self.config, self.max_new_tokens, seed=self.seed, problems=self.problems,
+                                     engine=self.engine)
         return {"val_accuracy": mean([s.correct for s in samples]), "val_tokens_mean": mean([s.length for s in samples]),
                 "val_truncation_rate": mean([s.truncated for s in samples])}
 
@@ -373,7 +375,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
         progress = Progress(**state["progress"])
         strategy_state = state["strategy"]
     engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode)
-    validator = Validator(config, policy) if config.validation.every else None
+    validator = Validator(config, policy, engine) if config.validation.every else None
     reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=progress.step if ckpt is not None else None)
     strategy: Strategy | None = None
