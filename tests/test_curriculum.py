@@ -139,8 +139,8 @@ def test_mastery_history_and_sampler_state_survive_resume(tmp_path):
     assert not (killed / "checkpoints" / "step-000012").exists()
     assert subprocess.run([*taut, "--resume", str(killed)]).returncode == 0
     assert subprocess.run([*taut, "--config", str(recipe), "--out", str(clean)]).returncode == 0
-    a = json.loads((killed / "checkpoints" / "step-000010" / "trainer_state.json").read_text())   # inside phase "mix"
-    b = json.loads((clean / "checkpoints" / "step-000010" / "trainer_state.json").read_text())
+    a = json.loads((killed / "checkpoints" / "step-000010" / "trainer_state.json").read_text())["run"]   # inside phase "mix"
+    b = json.loads((clean / "checkpoints" / "step-000010" / "trainer_state.json").read_text())["run"]
     assert a["mastery"] == b["mastery"] and len(a["mastery"]["history"]) > 0
     assert a["sampler_rng"] == b["sampler_rng"] and a["strategy"] == b["strategy"] and a["strategy"]["best_seen"]
     wa = load_file(str(killed / "checkpoints" / "step-000012" / "model.safetensors"))

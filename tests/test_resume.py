@@ -74,3 +74,69 @@ def test_a_crash_while_writing_leaves_no_step_directory(tmp_path, tiny_policy, m
     monkeypatch.undo()
     path = save_checkpoint(tmp_path, 7, tiny_policy, {"kind": "rl"}, optimizer)
     _assert_complete(path)
+
+
+CURRICULUM = """
+seed: 0
+model: {preset: tiny, threads: 1}
+data: {train: ["gym:add"], levels: [1], pool_per_level: 12}
+rl: {prompts_per_step: 3, group_size: 4, max_new_tokens: 8, checkpoint_every: 5, dynamic_sampling: false, lr: 0.003}
+validation: {every: 3, n_per_level: 6, samples: 1}
+phases:
+  - {name: accuracy, steps: 4, stop: {entropy_ratio: 0.5, window: 1}}
+  - {name: compression, steps: 5, strategy: {name: mastery-gated}, sampler: {mastered_fraction: adaptive}}
+  - {name: recovery, steps: 3}
+selection: {criterion: shortest-within, reference: best}
+"""
+TIMINGS = {"step_time", "gen_time", "update_time", "reward_time", "rollout_tokens_per_s", "logprob_time"}
+
+
+def _run_record(run_dir: Path):
+    """Everything a run leaves that must not depend on whether it was interrupted."""
+    metrics = [{k: v for k, v in json.loads(line).items() if k not in TIMINGS}
+               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    weights = {p.name: load_file(str(p / "model.safetensors")) for p in list_checkpoints(run_dir)}
+    return metrics, json.loads((run_dir / "curriculum.json").read_text()), weights
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The curriculum recipe and its uninterrupted run."""
+    from taut.config import load_config
+    from taut.rl.trainer import train_rl
+
+    root = tmp_path_factory.mktemp("curriculum")
+    recipe = root / "curriculum.yaml"
+    recipe.write_text(CURRICULUM)
+    train_rl(load_config(recipe), root / "clean", quiet=True)
+    return recipe, _run_record(root / "clean")
+
+
+@pytest.mark.parametrize("failpoint", [
+    "phase-start@0",          # the first phase's start line written, its checkpoint not yet
+    "step-logged@3",          # a validated step: candidate and line written, checkpoint not yet
+    "checkpoint-write@3",     # inside that checkpoint's write, before the rename
+    "phase-end@4",            # the phase ended (detectors, record), its checkpoint not yet
+    "checkpoint-write@5",     # inside a periodic checkpoint (every 5) that is not a validation step
+    "step-logged@7",          # an uncommitted step in the middle of a phase
+    "phase-end@12",           # the end of the run, before selection.json
+])
+def test_curriculum_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, failpoint):
+    from taut.config import load_config
+    from taut.rl.trainer import train_rl
+
+    recipe, (metrics_a, curriculum_a, weights_a) = uninterrupted
+    killed = tmp_path / "killed"
+    proc = _taut("train", "--config", str(recipe), "--out", str(killed), "--quiet",
+                 env={**os.environ, "TAUT_FAILPOINT": failpoint})
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()
+    train_rl(load_config(recipe), killed, resume=True, quiet=True)
+
+    metrics_b, curriculum_b, weights_b = _run_record(killed)
+    assert metrics_b == metrics_a, "metrics lines differ from the uninterrupted run"
+    assert curriculum_b == curriculum_a, "curriculum.json (candidates, phases, selection) differs"
+    assert curriculum_a["candidates"] and curriculum_a["selection"] is not None
+    assert weights_b.keys() == weights_a.keys()
+    for name in weights_a:
+        assert all(torch.equal(weights_a[name][k], weights_b[name][k]) for k in weights_a[name]), name
+    assert not any(p.name.startswith(".tmp") for p in (killed / "checkpoints").iterdir())

@@ -334,33 +334,33 @@ def test_stateless_strategy_refuses_state():
 
 
 def test_dapo_overlong_buffer_before_the_cap():
-    # cap 100, buffer 20 → penalty starts after 80: 85 → −0.25, 100 → −1
+    # cap 100, buffer 20 → R_len starts after 80: 85 → −0.25, 100 → −1; halved on the {0, 1} reward
     out = shape(DapoOverlongConfig(), groups([[1, 1, 0, 1]], [[50, 80, 85, 100]], [[0, 0, 0, 1]], cap=100))
-    close(out.rewards, [[1, 1, -0.25, 0]])
-    assert out.metrics == {"penalised_frac": 0.5, "penalty_mean": pytest.approx(0.625)}
+    close(out.rewards, [[1, 1, -0.125, 0.5]])
+    assert out.metrics == {"penalised_frac": 0.5, "penalty_mean": pytest.approx(0.3125)}
 
 
 def test_dapo_overlong_explicit_max_length():
-    # L_max 90, buffer 45 → start 45: 60 → −15/45; 90 → −1; 100 > L_max → −1
+    # L_max 90, buffer 45 → start 45: 60 → −15/45; 90 → −1; 100 > L_max → −1 (each halved)
     out = shape(DapoOverlongConfig(max_length=90, buffer_fraction=0.5), groups([[1, 1, 1, 1]], [[40, 60, 90, 100]], cap=128))
-    close(out.rewards, [[1, 2 / 3, 0, 0]])
+    close(out.rewards, [[1, 5 / 6, 0.5, 0.5]])
 
 
 def test_dapo_presets():
     assert build_strategy(DapoLiteConfig()).name == "dapo-lite"
     # lite: buffer 32 (start 96), half strength
     out = shape(DapoLiteConfig(), groups([[1, 1, 1, 0]], [[96, 112, 128, 64]], cap=128))
-    close(out.rewards, [[1, 0.75, 0.5, 0]])
+    close(out.rewards, [[1, 0.875, 0.75, 0]])
     # heavy: buffer 96 (start 32), full strength
     out = shape(DapoHeavyConfig(), groups([[1, 1, 1, 1]], [[32, 56, 80, 128]], cap=128))
-    close(out.rewards, [[1, 0.75, 0.5, 0]])
+    close(out.rewards, [[1, 0.875, 0.75, 0.5]])
 
 
 def test_dapo_all_truncated_and_none_correct():
     out = shape(DapoOverlongConfig(), groups([[1, 0, 1, 0]], [[64] * 4], [[1] * 4], cap=64))
-    close(out.rewards, [[0, -1, 0, -1]])
+    close(out.rewards, [[0.5, -0.5, 0.5, -0.5]])
     out = shape(DapoOverlongConfig(), groups([[0, 0, 0, 0]], [[10, 20, 30, 40]], cap=40))
-    close(out.rewards, [[0, 0, 0, -1]])
+    close(out.rewards, [[0, 0, 0, -0.5]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,7 +520,9 @@ class _OkTask:
     (NoneConfig(), []),                               # without the penalty its rewards are all 1: dropped
 ])
 def test_dynamic_sampling_keeps_a_penalised_mastered_group(config, kept):
-    from taut.rl.trainer import PromptPool, collect
+    from taut.rl.data import PromptPool
+    from taut.rl.objectives import build_objective
+    from taut.rl.rollouts import collect
     from taut.tasks import Problem
 
     scripted = [
@@ -531,7 +533,8 @@ def test_dynamic_sampling_keeps_a_penalised_mastered_group(config, kept):
     task = _OkTask()
     pool = PromptPool([(task, Problem(id=f"p{i}", prompt="q", answer="ok", domain="toy")) for i in range(3)], seed=0)
     cfg = RLConfig(prompts_per_step=3, group_size=4, max_sampling_rounds=1, dynamic_sampling=True)
-    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, build_strategy(config), cfg,
+    strategy = build_strategy(config)
+    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, strategy, build_objective(strategy, cfg).informative, cfg,
                   step=0, cap=8, generator=None, np_rng=np.random.default_rng(0))
     assert [r.tolist() for r in out.rewards] == kept
     assert out.groups_sampled == 3

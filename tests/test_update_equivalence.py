@@ -10,7 +10,8 @@ from taut.length.none import NoneConfig
 from taut.rl.advantages import group_advantages
 from taut.rl.logprobs import SequenceBatch, response_logprobs
 from taut.rl.losses import aggregation_weights, clipped_policy_loss
-from taut.rl.trainer import RolloutBatch, update
+from taut.rl.objectives import build_objective, update
+from taut.rl.rollouts import RolloutBatch
 
 
 def _batch(policy):
@@ -31,7 +32,7 @@ def _batch(policy):
 def _reference_grads(policy, batch, cfg):
     """One forward over every row, zero-advantage ones included, token-mean over all tokens."""
     model = copy.deepcopy(policy.model)
-    adv = group_advantages(torch.stack(batch.rewards), cfg.adv_norm).flatten()
+    adv = group_advantages(torch.stack(batch.rewards), "group").flatten()
     seq = SequenceBatch.build(batch.prompts, batch.responses, policy.pad_id, "cpu")
     logp, _ = response_logprobs(model, seq)
     weights = aggregation_weights(seq.response_lens, "token-mean")
@@ -45,7 +46,7 @@ def _grads_after_update(policy, batch, cfg):
     model_policy = copy.copy(policy)
     model_policy.model = copy.deepcopy(policy.model)
     optimizer = torch.optim.SGD(model_policy.model.parameters(), lr=0.0)      # leaves the weights, keeps .grad
-    update(model_policy, optimizer, batch, build_strategy(NoneConfig()), cfg, cap=64)
+    update(model_policy, optimizer, batch, build_objective(build_strategy(NoneConfig()), cfg), cfg, cap=64)
     return [p.grad.clone() for p in model_policy.model.parameters()]
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from taut import failpoints
+
 CHECKPOINTS = "checkpoints"
 SELECTION = "selection.json"
 
@@ -56,6 +58,7 @@ def save_checkpoint(
     if generators:
         save_file({name: g.get_state() for name, g in generators.items()}, str(tmp / "rng.safetensors"))
     _write_json(tmp / "trainer_state.json", {"step": step, **state})
+    failpoints.reach("checkpoint-write", step)
     _fsync_tree(tmp)
     if final.exists():                       # re-saving a step after a resume: swap, then drop the old
         old = root / f".tmp-old-{final.name}-{os.getpid()}"

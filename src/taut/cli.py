@@ -69,7 +69,11 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
 
     if resume is not None:
         config = config or resume / "config.yaml"
-    cfg = _config(config, set)
+    elif config is None:
+        err_console.print("[red]error:[/red] taut train needs a recipe: --config RECIPE (e.g. --config recipes/grpo.yaml), "
+                          "or --config default for the built-in defaults (plain GRPO, 100 steps, on the testbed)")
+        raise typer.Exit(2)
+    cfg = _config(None if str(config) == "default" else config, set)
     if dry_run:
         _print_config(cfg)
         out_console.print(plan_table(cfg))
@@ -82,6 +86,9 @@ def plan_table(cfg: RunConfig) -> Table:
     t = Table(title=f"plan: {cfg.rl_steps()} RL steps" + (f", validation every {cfg.validation.every}" if cfg.validation.every else ""))
     for col in ("phase", "steps", "strategy", "stop rules", "rollback", "sampler", "lr"):
         t.add_column(col)
+    if cfg.rl.updates_per_batch == 1:
+        t.caption = (f"clip_low/clip_high ({cfg.rl.clip_low}/{cfg.rl.clip_high}) are inactive: with one update per "
+                     f"batch the ratio π/π_old is 1 (set rl.updates_per_batch > 1 to use them)")
     start = 0
     for p in cfg.plan():
         params = {k: v for k, v in p.strategy.model_dump().items() if k != "name"}

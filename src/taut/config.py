@@ -134,17 +134,19 @@ class RLConfig(Strict):
     max_new_tokens: int = Field(128, gt=0, description="rollout cap when the strategy sets none")
     min_new_tokens: int = Field(0, ge=0, description="forbid <eos> before this many tokens (throughput benchmarks at forced length)")
     temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="must be 1: the trained log-probs are those of the full tempered distribution")
     lr: float = Field(2e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
+    clip_low: float = Field(0.2, ge=0, description="ε_low; acts only with updates_per_batch > 1 (with one update the ratio is 1)")
+    clip_high: float = Field(0.28, ge=0, description="ε_high; acts only with updates_per_batch > 1")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    adv_norm: Literal["group", "batch", "none"] = Field("group", description="divide advantages by the group std, the batch std, or nothing (Dr. GRPO)")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the phase-start policy; 0 = no reference model")
+    adv_norm: Literal["group", "batch", "none"] | None = Field(
+        None, description="divide advantages by the group std, the batch std, or nothing (Dr. GRPO); "
+                          "default: what the strategy requires (none for sigmoid), else group")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the policy at the start of the current phase; 0 = no reference model")
     entropy_coef: float = Field(0.0, ge=0)
     dynamic_sampling: bool = Field(True, description="drop groups whose shaped rewards are all equal; resample to refill")
     max_sampling_rounds: int = Field(3, ge=1, description="generation rounds per step to refill a dynamic-sampling batch")
@@ -153,6 +155,15 @@ class RLConfig(Strict):
     checkpoint_every: int = Field(50, gt=0)
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
     log_every: int = Field(1, gt=0)
+
+    @field_validator("top_p")
+    @classmethod
+    def _full_distribution(cls, v: float) -> float:
+        if v < 1:
+            raise ValueError("rl.top_p below 1 is not supported: the trainer's log-probs are those of the full "
+                             "distribution at rl.temperature, and nucleus sampling would train another policy than the "
+                             "one that sampled; set rl.top_p=1 (evaluation may use eval.top_p)")
+        return v
 
 
 class EvalConfig(Strict):
@@ -250,7 +261,9 @@ class RunConfig(Strict):
 
     def plan(self) -> list[PhaseConfig]:
         """The phases to run, cut at rl.steps when it is set."""
-        phases = self.phases or [PhaseConfig(name="main", steps=100 if self.rl.steps is None else max(1, self.rl.steps),
+        if self.phases is None and self.rl.steps == 0:
+            return []
+        phases = self.phases or [PhaseConfig(name="main", steps=100 if self.rl.steps is None else self.rl.steps,
                                              strategy=self.strategy)]
         if self.phases and self.rl.steps is not None:
             out, left = [], self.rl.steps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,22 +28,52 @@ def _clean(value: Any) -> Any:
 class MetricsLog:
     """Appends one JSON object per line to `metrics.jsonl`.
 
-    On resume, entries logged after the checkpoint being resumed from are dropped first, so
-    the log reads as one uninterrupted run.
+    A fresh log starts empty. On resume the log is cut back to what the checkpoint being
+    resumed from covers — its first `committed` lines (the RL trainer records that count in every
+    checkpoint), or the lines up to `resume_step` — so that it reads as one uninterrupted run.
+    A torn last line (a kill during an append) is dropped with a warning; the cut is written
+    atomically.
     """
 
-    def __init__(self, path: Path, resume_step: int | None = None):
+    def __init__(self, path: Path, resume_step: int | None = None, committed: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if line.strip() and _step_of(line) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
-        elif resume_step is None:
+        self.lines = 0
+        if resume_step is None and committed is None:
             self.path.write_text("")
+            return
+        records = _complete_lines(self.path) if self.path.exists() else []
+        if committed is not None:
+            if len(records) < committed:
+                console.print(f"[yellow]warning: {self.path} holds {len(records)} lines, fewer than the {committed} "
+                              f"its checkpoint covers; continuing after them[/yellow]")
+            kept = records[:committed]
+        else:
+            kept = [line for line in records if _step_of(line) <= resume_step]
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+        self.lines = len(kept)
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self.lines += 1
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The log's lines, without a torn last one; a damaged line elsewhere is an error naming it."""
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    for number, line in enumerate(lines, 1):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                console.print(f"[yellow]warning: {path}:{number}: dropped a torn last line (the run was killed "
+                              f"while writing it); its step will be redone[/yellow]")
+                return lines[:-1]
+            raise ValueError(f"{path}:{number}: not a JSON record; the metrics log is damaged") from None
+    return lines
 
 
 def _step_of(line: str) -> int:

@@ -6,7 +6,15 @@ added to the correctness reward of every rollout, correct or not:
     R_len(ℓ) = 0                                      ℓ ≤ L_max − L_cache
              = ((L_max − L_cache) − ℓ) / L_cache · f   L_max − L_cache < ℓ ≤ L_max
              = −f                                     ℓ > L_max
-    r_i = 1[correct_i] + R_len(ℓ_i)
+    r_i = 1[correct_i] + R_len(ℓ_i) / 2
+
+DAPO adds R_len to a ±1 reward; taut's correctness reward is {0, 1}, the same reward under
+r' = (r + 1) / 2, so the penalty is halved to keep the paper's proportions: a correct rollout
+past the limit scores 1/2, halfway between correct and wrong as in the paper (1 − 1 = 0 between
++1 and −1). Adding the unscaled penalty would make a correct rollout at the cap score the same
+as a wrong one, and double the penalty's weight relative to correctness. Under group
+normalisation the advantages are then exactly those of the paper's formulation (an affine map
+of a group's rewards leaves its normalised advantages unchanged).
 
 f is the penalty factor (1 in the paper). L_max defaults to the rollout cap of the step, so the
 penalty follows a cap that changes; the buffer is given as a fraction of L_max, 0.2 by default
@@ -50,6 +58,9 @@ class DapoHeavyConfig(DapoOverlongConfig):
     penalty_factor: float = Field(1.0, gt=0)
 
 
+REWARD_SCALE = 0.5      # the {0, 1} reward's range over DAPO's ±1 range
+
+
 def overlong_penalty(lengths: Tensor, max_length: int, buffer: float, factor: float) -> Tensor:
     """R_len of DAPO Eq. 13, elementwise, scaled by `factor`."""
     length = lengths.float()
@@ -69,5 +80,6 @@ class DapoOverlong(Strategy):
         cfg = self.config
         max_length = cfg.max_length or batch.cap
         base = correctness(batch)
-        rewards = base + overlong_penalty(batch.lengths, max_length, cfg.buffer_fraction * max_length, cfg.penalty_factor)
+        penalty = overlong_penalty(batch.lengths, max_length, cfg.buffer_fraction * max_length, cfg.penalty_factor)
+        rewards = base + REWARD_SCALE * penalty
         return Shaped(rewards, penalty_metrics(base, rewards))

@@ -8,11 +8,12 @@ length filter, token-mean cross-entropy on the kept responses; no KL, no group n
              "shortest rejection sampling" of Kimi k1.5, arXiv 2501.12599)
     loss   = − Σ_i keep_i Σ_t log π(y_i,t | …) / Σ_i keep_i |y_i|
 
-The trainer reads `objective = "sft"` and trains with this loss instead of the policy gradient;
-the shaped "rewards" are the keep mask (ties for the shortest: the first in batch order). A group
-whose rollouts are all kept has an all-ones mask, which dynamic sampling would drop as
-zero-variance; the shipped recipe turns dynamic sampling off (groups with nothing kept then add
-no loss rows). Departures: the paper samples 32 rollouts per prompt at a 3,500-token cap and
+The trainer reads `objective = "sft"` and trains with this loss instead of the policy gradient
+(`taut.rl.objectives.OnPolicySFT`); the shaped "rewards" are the keep mask (ties for the
+shortest: the first in batch order). For this objective a group teaches something when it keeps
+at least one rollout, so dynamic sampling drops only groups with nothing kept and keeps an
+all-kept group (all ones); with dynamic sampling off, as in the shipped recipe, a group with
+nothing kept adds no loss rows. Departures: the paper samples 32 rollouts per prompt at a 3,500-token cap and
 trains two epochs over the kept data; here the kept rollouts of each step are trained on once.
 Metric: kept_frac, the share of rollouts kept.
 """

@@ -7,14 +7,16 @@ sigmoid — for every prompt, with mean μ and standard deviation σ of the leng
 
 α ∈ {0.05, 0.1, 0.2, 0.4} in the paper; 0.1 is the official code's default and ours. The paper
 optimises it with PPO and the RLOO advantage r_i − mean_{j≠i} r_j, *without* std normalisation;
-`rl.adv_norm: none` gives r_i − mean_j r_j, the same up to the factor G/(G−1), and the shipped
-recipe sets it. Departures: σ is the population std (the paper does not say which; + 1e-7 as
+advantage normalisation `none` gives r_i − mean_j r_j, the same up to the factor G/(G−1); the
+strategy declares it, so the trainer uses it unless `rl.adv_norm` overrides it (with a warning).
+Departures: σ is the population std (the paper does not say which; + 1e-7 as
 in the official code); the official code can score a response without EOS as 0
 (`check_eos`), whereas here a truncated rollout is graded by the task's verifier like any other.
 
 grpo-lambda — rank the groups of the batch by correctness ratio; the top-λ fraction
 (ceil(λ·P) groups, ties broken by batch order) get the sigmoid reward above, the others the
-plain correctness reward; then standard GRPO advantages *with* std normalisation. λ = 0.2 is
+plain correctness reward; then standard GRPO advantages *with* std normalisation (declared by
+the strategy, like sigmoid's). λ = 0.2 is
 the paper's example; α = 0.6 comes from third-party code, not the paper, whose α is not
 public. The batch ranked is the one the trainer shapes at once (one sampling round).
 
@@ -58,6 +60,7 @@ def sigmoid_rewards(correct: Tensor, lengths: Tensor, alpha: float) -> Tensor:
 
 class Sigmoid(Strategy):
     name = "sigmoid"
+    adv_norm = "none"
 
     def __init__(self, config: SigmoidConfig):
         self.config = config
@@ -69,6 +72,7 @@ class Sigmoid(Strategy):
 
 class GrpoLambda(Strategy):
     name = "grpo-lambda"
+    adv_norm = "group"
 
     def __init__(self, config: GrpoLambdaConfig):
         self.config = config

@@ -35,9 +35,13 @@ class SequenceBatch:
                    torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device))
 
 
-def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
+                      temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """log π(y_t | prompt, y_<t) for every response token, [N, Tr]; entropy of each step if asked.
 
+    π is the distribution the rollouts were sampled from: softmax(logits / temperature), as the
+    engine samples (TRL and verl scale the same way). Training at temperature 1 on rollouts
+    sampled at T ≠ 1 would optimise another policy than the one that produced the data.
     Right padding needs no attention mask under causal attention: real tokens never attend to
     the padding after them. Logits are computed only from the shortest prompt's last position on.
     """
@@ -48,6 +52,8 @@ def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False) -
     cols = torch.arange(batch.response_ids.shape[1], device=logits.device).unsqueeze(0)
     index = (offsets + cols).clamp(max=keep - 1)                                  # [N, Tr]
     picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()   # [N, Tr, V]
+    if temperature != 1.0:
+        picked = picked / temperature
     logz = picked.logsumexp(dim=-1)                                               # [N, Tr]
     logp = picked.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logz
     entropy = None
