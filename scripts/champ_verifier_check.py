@@ -5,7 +5,8 @@
 CHAMP (Concept and Hint-Augmented Math Problems, the `champ-dataset` package, MIT) has 270
 competition problems whose reference answers are mostly written in words or plain-text
 notation: "No", "sum_(i=1)^n i^2, or equivalently n(n+1)(2n+1)/6", "0 is the only possible
-value". Nothing of CHAMP is stored in this repository: the script reads the installed package.
+value". Nothing of CHAMP is stored in this repository: the script reads the installed package
+(`pip install champ-dataset`; it is no dependency of taut).
 
 For every problem it compares, with `taut.tasks.math.answers_equal`:
 
