@@ -92,8 +92,11 @@ class VerifierError(RuntimeError):
 
     def __init__(self, kind: str, message: str, extracted: str | None = None):
         super().__init__(f"{kind}: {message}")
-        self.kind = kind
+        self.kind, self.message = kind, message
         self.extracted = extracted          # the response's answer, when extraction had finished
+
+    def __reduce__(self):                   # picklable across worker processes
+        return type(self), (self.kind, self.message, self.extracted)
 
 
 def error_kind(error: str | None) -> str | None:
@@ -244,7 +247,8 @@ def verify(response: str, answer: str, complete: bool = True, timeout: float = D
 # ---------------------------------------------------------------------------------------------
 
 
-_TEXT_GROUP = re.compile(r"\\(?:text(?:bf|it|rm|sf|tt|up|normal)?|math(?:rm|bf|it|sf|tt)|[mh]box|operatorname)\s*\{([^{}]*)\}")
+_TEXT_GROUP = re.compile(r"\\(?:text(?:bf|it|rm|sf|tt|up|normal)?|math(?:rm|bf|it|sf|tt)|[mh]box|operatorname)"
+                         r"\s*\{([^{}]*)\}")
 _NAME_GROUP = re.compile(r"\\(?:math(?:bb|cal|frak|scr)|begin|end)\s*\{[^{}]*\}")      # sets (\mathbb{R}), environments
 _COMMAND = re.compile(r"\\[A-Za-z]+")
 _WORD = re.compile(r"[^\W\d_]+")                   # a run of letters
@@ -271,7 +275,7 @@ def unreadable_word(answer: str) -> str | None:
     """The first word of `answer` that math-verify would misread (see the module docstring)."""
     for group in _TEXT_GROUP.finditer(answer):
         for word in _WORD.findall(group.group(1)):
-            if len(word) >= 2 and word.lower() not in UNITS | READ_WORDS:
+            if len(word) >= 2 and word.lower() not in UNITS and word.lower() not in READ_WORDS:
                 return word
     for word in _WORD.findall(_math_text(answer)):
         if word.lower() in READ_WORDS:
@@ -316,17 +320,15 @@ def read_answer(answer: str, side: str) -> list:
         raise Unverifiable(f"math-verify cannot parse the {side} {shown}")
     lost = lost_letters(answer, readings)
     if lost:
-        raise Unverifiable(f"math-verify reads the {side} {shown} as {str(readings[0])[:80]!r}, "
-                           f"without {', '.join(sorted(lost))}")
+        raise Unverifiable(f"math-verify's reading of the {side} {shown} loses {', '.join(sorted(lost))}")
     return parsed
 
 
 def equal_in_helper(predicted: str, reference: str) -> bool:
-    """The comparison the helper runs; raises `Unverifiable`, or whatever math-verify raises."""
+    """The comparison the helper runs; raises `Unverifiable`, `ImportError` without math-verify,
+    or whatever math-verify raises."""
     if normalize(predicted) == normalize(reference):
         return True
-    if _MISSING is not None:
-        raise RuntimeError(_MISSING)
     from math_verify import verify as mv_verify
 
     gold = read_answer(reference, "reference answer")
@@ -363,6 +365,9 @@ class _Helper:
                 if "extracted" in reply:                    # extraction is done; the comparison follows
                     extracted = reply["extracted"]
                     reply = self._reply(deadline)
+            except EOFError:
+                self._stop()
+                raise VerifierError(FAILED, "the math-verify helper exited unexpectedly", extracted) from None
             except queue.Empty:
                 self._stop()
                 answer = "no answer yet" if extracted is None else f"comparing {extracted[:80]!r}"
@@ -376,10 +381,10 @@ class _Helper:
         return extracted, bool(reply["equal"])
 
     def _reply(self, deadline: float) -> dict:
+        """The helper's next reply; `queue.Empty` past the deadline, `EOFError` if it exited."""
         reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
         if reply is None:
-            self._stop()
-            raise VerifierError(FAILED, "the math-verify helper exited unexpectedly")
+            raise EOFError
         return reply
 
     def _ensure_started(self) -> None:
@@ -425,7 +430,6 @@ def _read_replies(stream, replies: queue.Queue) -> None:
 
 _HELPER: _Helper | None = None
 _HELPER_LOCK = threading.Lock()
-_MISSING: str | None = None          # in the helper: why math-verify cannot be imported
 
 
 def _helper() -> _Helper:
@@ -439,16 +443,14 @@ def _helper() -> _Helper:
 
 def _serve() -> None:
     """The helper: answer each JSON request line (see `_Helper.grade`) with JSON reply lines."""
-    global _MISSING
-
     def send(message: dict) -> None:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 
     try:
         import math_verify  # noqa: F401  (imported before the first grade, not during it)
-    except ImportError as err:
-        _MISSING = f"{err}; install the math extra: pip install 'taut[math]'"
+    except ImportError:
+        pass                            # exact matches still grade; any other comparison reports it
     logging.getLogger("math_verify").setLevel(logging.ERROR)   # it warns that its own timeout is off: ours is on
     send({"ready": True})
     for line in sys.stdin:
@@ -465,6 +467,8 @@ def _serve() -> None:
             send({"equal": equal_in_helper(predicted, request["reference"])})
         except Unverifiable as err:
             send({"kind": UNVERIFIABLE, "error": str(err)})
+        except ImportError as err:
+            send({"kind": FAILED, "error": f"{err}; install the math extra: pip install 'taut[math]'"})
         except Exception as err:      # reported to the caller as a verifier error, never as a wrong answer
             send({"kind": FAILED, "error": f"math-verify raised {type(err).__name__}: {str(err)[:200]}"})
 
