@@ -15,8 +15,9 @@ Integrity. The last file written inside the temporary directory, before the rena
 checkpoint against it, so a truncated weight file, a tampered header or an emptied optimizer
 file is found before anything is loaded; `latest_intact_checkpoint` resumes from the newest
 checkpoint that passes, warning about each newer one that does not. Hashing reads every byte
-once: about 1 s per GB on one core (a 135M-parameter model with AdamW state: ~1.6 GB, so ~2 s
-per save and per verification; a 7B model: over a minute). Checkpoints written before
+once, at 0.45–0.9 GB/s on one core of the shared development machine (a 135M-parameter model
+with AdamW state is ~1.6 GB: 2–4 s per save and per verification; the testbed's models: a few
+ms; a 7B model with its optimizer state: minutes). Checkpoints written before
 manifests existed are checked by structure only (required files present, safetensors headers
 consistent with the file sizes, JSON files parse).
 

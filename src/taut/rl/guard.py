@@ -8,7 +8,9 @@ rate) does the same with finite gradients. `NonFiniteGuard.step` replaces `optim
    step — nothing has changed yet, so nothing needs restoring;
 2. otherwise it snapshots the trainable parameters and their optimizer state, steps, and checks
    the parameters; a non-finite one restores the snapshot (weights and optimizer state as they
-   were before the step) and counts the step as skipped.
+   were before the step) and counts the step as skipped. A step that raises (torch refuses a
+   learning-rate scalar that overflows the parameters' dtype, after it has updated the moments)
+   is restored too, and the error propagates.
 
 Each skip is logged as a warning and counted; `max_consecutive` skips in a row raise
 `TrainingDiverged` (the weights are then those before the first of them, so the last checkpoint
@@ -16,11 +18,13 @@ and the running model are both finite).
 
 Cost. The snapshot holds a copy of every trainable parameter and its optimizer state: with
 AdamW three times the trainable weights (a 135M-parameter model in fp32: 1.6 GB; a LoRA
-adapter: a few MB). The buffers are allocated once and refilled with `copy_` every step, which
-is a memory copy (measured on one loaded CPU core: about 30 ms per 135 MB). The finite check
-is a sum per tensor (NaN and infinity propagate through a sum; only a tensor whose sum is not
-finite is then checked element by element): on the CPU `isfinite(t).all()` is ~30× slower than
-`t.sum()`. Where that memory is not available (full fine-tuning of a large model),
+adapter: a few MB). The buffers are allocated once and refilled with `copy_` every step. The
+finite check is a sum per tensor (NaN and infinity propagate through a sum; only a tensor whose
+sum is not finite is then checked element by element): on the CPU `isfinite(t).all()` measured
+~30× slower than `t.sum()`. Measured on a 33.6M-parameter fp32 MLP with AdamW, one thread of a
+shared, loaded CPU: `guard.step` took 1.06–1.20× the time of a bare `optimizer.step()`
+(medians of 5, two runs; ~40–125 ms more per step), which is small next to a step's generation
+and backward pass. Where the memory is not available (full fine-tuning of a large model),
 `snapshot=False` keeps check 1 and turns a non-finite result of check 2 into `TrainingDiverged`
 straight away, since there is nothing to restore.
 """
@@ -84,7 +88,12 @@ class NonFiniteGuard:
             return False
         if self.snapshot:
             self._take_snapshot()
-        self.optimizer.step()
+        try:
+            self.optimizer.step()
+        except Exception:                   # e.g. torch refusing a scalar that overflows, after updating the moments
+            if self.snapshot:
+                self._restore()
+            raise
         bad = first_nonfinite(self.params)
         if bad is not None:
             if not self.snapshot:
