@@ -490,6 +490,7 @@ def test_cli_not_a_directory_and_debug_shows_the_traceback(tmp_path, monkeypatch
     (PermissionError(errno.EACCES, "Permission denied", "/runs/a"), "/runs/a: permission denied"),
     (NotADirectoryError(errno.ENOTDIR, "Not a directory", "/runs/f/x"), "/runs/f/x: not a directory"),
     (TrainingDiverged("training diverged: 3 optimizer steps in a row"), "training diverged"),
+    (NonFiniteCheckpointError("refusing to write a checkpoint"), "refusing to write a checkpoint"),
     (RunDirBusy("in use"), "in use"),
 ])
 def test_cli_maps_operational_errors_to_one_line_and_an_exit_code(error, expected, monkeypatch, capsys):
@@ -500,7 +501,7 @@ def test_cli_maps_operational_errors_to_one_line_and_an_exit_code(error, expecte
 
     monkeypatch.setattr(cli, "app", fail)
     code, err = _main(monkeypatch, capsys, "train")
-    assert code == (3 if isinstance(error, TrainingDiverged) else 2)
+    assert code == (3 if isinstance(error, (TrainingDiverged, NonFiniteCheckpointError)) else 2)
     assert expected in _one_line(err)
 
 
@@ -514,3 +515,13 @@ def test_cli_lets_a_bug_raise(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["taut"])
     with pytest.raises(KeyError):
         cli.main()
+
+
+def test_zero_rl_steps_train_zero_steps(tmp_path):
+    from taut.rl.trainer import train_rl
+
+    config = load_config(None, ["model.preset=tiny", "model.path=null", "model.threads=1", "rl.prompts_per_step=4",
+                                "rl.group_size=4", "rl.max_new_tokens=12", "data.pool_per_level=5", "rl.steps=0"])
+    final = train_rl(config, tmp_path / "run", quiet=True)
+    assert final.name == "step-000000" and [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-000000"]
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""

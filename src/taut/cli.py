@@ -298,16 +298,16 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
 
 
 EXIT_ERROR = 2          # bad input, configuration, files, disk: the message says what to do
-EXIT_DIVERGED = 3       # training stopped because its updates kept producing NaN/inf
+EXIT_DIVERGED = 3       # training stopped because its weights or updates became NaN/inf
 
 
 def failure(err: BaseException) -> tuple[int, str] | None:
     """The exit code and one-line message for an error a user can act on; None for a bug."""
-    from taut.checkpoint import CheckpointError
+    from taut.checkpoint import CheckpointError, NonFiniteCheckpointError
     from taut.rl.guard import TrainingDiverged
     from taut.rundir import RunDirError
 
-    if isinstance(err, TrainingDiverged):
+    if isinstance(err, (TrainingDiverged, NonFiniteCheckpointError)):
         return EXIT_DIVERGED, str(err)
     if isinstance(err, (ConfigError, CheckpointError, RunDirError, ValueError)):
         return EXIT_ERROR, str(err)
