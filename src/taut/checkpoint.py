@@ -7,15 +7,33 @@ A checkpoint is a directory `RUN/checkpoints/step-NNNNNN/` holding
 - `trainer_state.json` (step, data order, sampler and strategy state, metrics so far).
 
 It is written into a hidden temporary directory and renamed into place, so a directory named
-`step-*` is always complete; a run killed mid-write leaves only a `.tmp-*` directory, which is
-ignored and removed on resume.
+`step-*` is always complete; a run killed mid-write leaves only a `.tmp-<name>-<pid>` directory,
+which is ignored, and removed on resume once the process that wrote it is gone.
+
+Integrity. The last file written inside the temporary directory, before the rename, is
+`manifest.json`: every other file's path, size and SHA-256. `verify_checkpoint` checks a
+checkpoint against it, so a truncated weight file, a tampered header or an emptied optimizer
+file is found before anything is loaded; `latest_intact_checkpoint` resumes from the newest
+checkpoint that passes, warning about each newer one that does not. Hashing reads every byte
+once, at 0.45–0.9 GB/s on one core of the shared development machine (a 135M-parameter model
+with AdamW state is ~1.6 GB: 2–4 s per save and per verification; the testbed's models: a few
+ms; a 7B model with its optimizer state: minutes). Checkpoints written before
+manifests existed are checked by structure only (required files present, safetensors headers
+consistent with the file sizes, JSON files parse).
+
+A checkpoint is never written from non-finite weights or optimizer state
+(`NonFiniteCheckpointError`): a NaN checkpoint would be resumed from, and fail, forever.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +44,20 @@ from taut import failpoints
 
 CHECKPOINTS = "checkpoints"
 SELECTION = "selection.json"
+MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+_STEP = re.compile(r"step-(\d+)")
+_PARTIAL = re.compile(r"\.tmp-(old-)?(step-\d+)-(\d+)")     # .tmp-step-000007-<pid>, .tmp-old-step-000007-<pid>
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or run file that cannot be used; the message names it and says what to do."""
+
+
+class NonFiniteCheckpointError(CheckpointError):
+    """Weights or optimizer state hold NaN or infinity: such a checkpoint is never written."""
 
 
 def step_name(step: int) -> str:
@@ -34,6 +66,11 @@ def step_name(step: int) -> str:
 
 def checkpoint_step(path: Path) -> int:
     return int(path.name.removeprefix("step-"))
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """`step-000123`, not `step-final` or `.tmp-step-000123-42`."""
+    return _STEP.fullmatch(name) is not None
 
 
 def save_checkpoint(
@@ -46,6 +83,7 @@ def save_checkpoint(
 ) -> Path:
     from taut.models import save_policy
 
+    require_finite(policy.model, optimizer, step)
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
@@ -57,8 +95,9 @@ def save_checkpoint(
         _save_optimizer(optimizer, tmp)
     if generators:
         save_file({name: g.get_state() for name, g in generators.items()}, str(tmp / "rng.safetensors"))
-    _write_json(tmp / "trainer_state.json", {"step": step, **state})
+    _write_json(tmp / STATE, {"step": step, **state})
     failpoints.reach("checkpoint-write", step)
+    _write_json(tmp / MANIFEST, _manifest(tmp))          # last: it vouches for everything above
     _fsync_tree(tmp)
     if final.exists():                       # re-saving a step after a resume: swap, then drop the old
         old = root / f".tmp-old-{final.name}-{os.getpid()}"
@@ -71,11 +110,30 @@ def save_checkpoint(
     return final
 
 
+def require_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, step: int | None = None) -> None:
+    """Raise `NonFiniteCheckpointError` naming the first parameter (or optimizer state) that
+    holds NaN or infinity."""
+    from taut.rl.guard import first_nonfinite
+
+    named = [(f"parameter {n}", p) for n, p in model.named_parameters()]
+    if optimizer is not None:
+        names = {id(p): n for n, p in model.named_parameters()}
+        named += [(f"optimizer state {k!r} of {names.get(id(p), '?')}", v) for p, s in optimizer.state.items()
+                  for k, v in s.items() if torch.is_tensor(v)]
+    bad = first_nonfinite(named)
+    if bad is not None:
+        at = f" at step {step}" if step is not None else ""
+        raise NonFiniteCheckpointError(f"refusing to write a checkpoint{at}: {bad} holds NaN or infinity; the weights "
+                                       f"diverged (lower the learning rate, and resume from the last checkpoint)")
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's `step-N` checkpoint directories, oldest first; anything else in `checkpoints/`
+    (a `.tmp-*` being written, a `step-final` a person copied there, a stray file) is ignored."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")), key=checkpoint_step)
+    return sorted((p for p in root.iterdir() if p.is_dir() and is_checkpoint_name(p.name)), key=checkpoint_step)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -83,14 +141,39 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def latest_intact_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that passes `verify_checkpoint`, warning about each newer one that
+    does not; None when the run has none; `CheckpointError` when it has some and none is intact."""
+    damaged = []
+    for checkpoint in reversed(list_checkpoints(run_dir)):
+        problem = verify_checkpoint(checkpoint)
+        if problem is None:
+            if damaged:
+                log.warning("resuming from %s: newer checkpoint(s) are damaged: %s", checkpoint.name,
+                            "; ".join(f"{p.name}: {why}" for p, why in damaged))
+            return checkpoint
+        damaged.append((checkpoint, problem))
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint in {Path(run_dir) / CHECKPOINTS}: "
+                              + "; ".join(f"{p.name}: {why}" for p, why in damaged)
+                              + " — start again with --overwrite, or restore the files from a backup")
+    return None
+
+
 def chosen_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a run stands for: the one its curriculum selected, else its latest."""
     run_dir = Path(run_dir)
     selection = run_dir / SELECTION
     if selection.exists():
-        chosen = run_dir / CHECKPOINTS / json.loads(selection.read_text())["checkpoint"]
-        if chosen.is_dir():
-            return chosen
+        record = _read_json(selection, "the run's checkpoint choice")
+        if not isinstance(record, dict) or not isinstance(record.get("checkpoint"), str):
+            raise CheckpointError(f"{selection}: expected an object with a \"checkpoint\" name, got {str(record)[:80]}; "
+                                  f"the file is damaged: delete it to use the run's latest checkpoint")
+        chosen = run_dir / CHECKPOINTS / record["checkpoint"]
+        if not chosen.is_dir():
+            raise CheckpointError(f"{selection} names checkpoint {record['checkpoint']!r}, which is not in {chosen.parent}; "
+                                  f"delete {selection.name} to use the run's latest checkpoint")
+        return chosen
     latest = latest_checkpoint(run_dir)
     if latest is None:
         raise FileNotFoundError(f"run directory {run_dir} has no checkpoint yet")
@@ -98,19 +181,153 @@ def chosen_checkpoint(run_dir: Path) -> Path:
 
 
 def remove_partial(run_dir: Path) -> None:
+    """Remove what writers that are gone left behind: `.tmp-step-N-<pid>` directories whose
+    process no longer runs. A `.tmp-old-step-N-<pid>` (the previous copy of a checkpoint being
+    replaced) is complete: it is renamed back when the replacement never arrived. Directories
+    of a live process, another run's included, are never touched."""
     root = Path(run_dir) / CHECKPOINTS
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith(".tmp-"):
-                shutil.rmtree(p, ignore_errors=True)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        match = _PARTIAL.fullmatch(p.name)
+        if match is None or not p.is_dir():
+            continue
+        old, name, pid = match.group(1), match.group(2), int(match.group(3))
+        if pid != os.getpid() and pid_alive(pid):
+            continue
+        if old and not (root / name).exists():
+            os.rename(p, root / name)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # alive, owned by someone else
+        return True
+    return True
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    state = _read_json(Path(checkpoint) / STATE, "the trainer state")
+    if not isinstance(state, dict) or "step" not in state:
+        raise CheckpointError(f"{Path(checkpoint) / STATE}: expected an object with a step, got {str(state)[:80]}; "
+                              f"the checkpoint is damaged: delete {checkpoint} to resume from an older one")
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# integrity
+# ---------------------------------------------------------------------------------------------
+
+
+def verify_checkpoint(checkpoint: Path) -> str | None:
+    """What is wrong with a checkpoint, in a few words; None when it is intact.
+
+    With a manifest: every listed file exists with its size and SHA-256. Without one (written
+    before manifests existed): the required files exist, safetensors headers agree with the
+    file sizes and JSON files parse."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        return "not a directory"
+    manifest = checkpoint / MANIFEST
+    if not manifest.exists():
+        return _verify_structure(checkpoint)
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+        entries = [(name, int(e["size"]), str(e["sha256"])) for name, e in listed.items()]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"{MANIFEST} is damaged ({type(err).__name__}: {err})"
+    for name, size, digest in entries:
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{name} has {actual} bytes, the manifest says {size} (truncated or replaced)"
+        if _sha256(path) != digest:
+            return f"{name} does not match its checksum (modified after it was written)"
+    return None
+
+
+def require_intact(checkpoint: Path) -> Path:
+    """`checkpoint`, after `verify_checkpoint`; `CheckpointError` saying what is wrong otherwise."""
+    problem = verify_checkpoint(checkpoint)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {checkpoint} is damaged: {problem}; use another checkpoint of the run "
+                              f"(its checkpoints/ directory) or restore the file")
+    return Path(checkpoint)
+
+
+def _verify_structure(checkpoint: Path) -> str | None:
+    required = ["config.json", STATE]
+    weights = checkpoint / "model.safetensors"
+    index = checkpoint / "model.safetensors.index.json"
+    if not weights.exists() and not index.exists():
+        required.append("model.safetensors")
+    for name in required:
+        if not (checkpoint / name).is_file():
+            return f"{name} is missing (and there is no {MANIFEST} to check against)"
+    for path in sorted(checkpoint.rglob("*")):
+        if not path.is_file():
+            continue
+        if path.suffix == ".json":
+            try:
+                json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError) as err:
+                return f"{path.relative_to(checkpoint)} is not valid JSON ({err})"
+        elif path.suffix == ".safetensors":
+            problem = _safetensors_problem(path)
+            if problem:
+                return f"{path.relative_to(checkpoint)}: {problem}"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header, then the tensor bytes the
+    header's offsets cover: check the three agree with the file's size."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes: truncated"
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > size - 8:
+            return "header runs past the end of the file: truncated or damaged"
+        try:
+            header = json.loads(f.read(header_len))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError, IndexError):
+            return "header is damaged (not the JSON tensor table safetensors writes)"
+    if 8 + header_len + end != size:
+        return f"{size} bytes, the header describes {8 + header_len + end}: truncated or damaged"
+    return None
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {"files": {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: {what} is not valid JSON ({err}); the file is damaged") from None
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
-    groups = json.loads((Path(checkpoint) / "optimizer.json").read_text())
+    groups = _read_json(Path(checkpoint) / "optimizer.json", "the optimizer's parameter groups")
     tensors = load_file(str(Path(checkpoint) / "optimizer.safetensors"))
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

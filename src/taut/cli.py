@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import statistics
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -30,6 +34,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: ke
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="run directory")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="validate and print the resolved config, do not run")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace the run already in --out (its files are removed first)")]
 
 
 def _config(path: Path | None, overrides: list[str] | None) -> RunConfig:
@@ -46,8 +51,10 @@ def _print_config(config: RunConfig) -> None:
 
 @app.command()
 def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
-        resume: Annotated[Optional[Path], typer.Option(help="continue this run directory")] = None, quiet: QuietOpt = False):
+        resume: Annotated[Optional[Path], typer.Option(help="continue this run directory")] = None, quiet: QuietOpt = False,
+        overwrite: OverwriteOpt = False):
     """Supervised cold start on the SFT tasks."""
+    from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
     from taut.sft import train_sft
 
@@ -57,14 +64,18 @@ def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_ru
     if dry_run:
         _print_config(cfg)
         return
-    train_sft(cfg, resume or out or default_run_dir("sft"), resume=resume is not None, quiet=quiet)
+    run_dir = resume or out or default_run_dir("sft")
+    with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
+        train_sft(cfg, run_dir, resume=resume is not None, quiet=quiet)
 
 
 @app.command()
 def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
-          resume: Annotated[Optional[Path], typer.Option(help="continue this run directory")] = None, quiet: QuietOpt = False):
+          resume: Annotated[Optional[Path], typer.Option(help="continue this run directory")] = None, quiet: QuietOpt = False,
+          overwrite: OverwriteOpt = False):
     """RL training (GRPO with the recipe's length strategy)."""
     from taut.rl.trainer import train_rl
+    from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
 
     if resume is not None:
@@ -78,7 +89,9 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
         _print_config(cfg)
         out_console.print(plan_table(cfg))
         return
-    train_rl(cfg, resume or out or default_run_dir("train"), resume=resume is not None, quiet=quiet)
+    run_dir = resume or out or default_run_dir("train")
+    with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
+        train_rl(cfg, run_dir, resume=resume is not None, quiet=quiet)
 
 
 def plan_table(cfg: RunConfig) -> Table:
@@ -291,13 +304,59 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
     out_console.print(f"written: {out}")
 
 
+EXIT_ERROR = 2          # bad input, configuration, files, disk: the message says what to do
+EXIT_DIVERGED = 3       # training stopped because its weights or updates became NaN/inf
+
+
+def failure(err: BaseException) -> tuple[int, str] | None:
+    """The exit code and one-line message for an error a user can act on; None for a bug."""
+    from taut.checkpoint import CheckpointError, NonFiniteCheckpointError
+    from taut.rl.guard import TrainingDiverged
+    from taut.rundir import RunDirError
+
+    if isinstance(err, (TrainingDiverged, NonFiniteCheckpointError)):
+        return EXIT_DIVERGED, str(err)
+    if isinstance(err, (ConfigError, CheckpointError, RunDirError, ValueError)):
+        return EXIT_ERROR, str(err)
+    if isinstance(err, OSError):
+        return EXIT_ERROR, _os_error(err)
+    return None
+
+
+def _os_error(err: OSError) -> str:
+    if err.errno is None:                              # raised by taut with its own message
+        return str(err)
+    where = " → ".join(str(f) for f in (err.filename, err.filename2) if f is not None) or "(no file named)"
+    advice = {
+        errno.ENOSPC: "no space left on the device: free space, or write the run elsewhere with --out",
+        errno.EDQUOT: "disk quota exceeded: free space, or write the run elsewhere with --out",
+        errno.EACCES: "permission denied: check the file's owner and mode, or use another path",
+        errno.EPERM: "operation not permitted: check the file's owner and mode, or use another path",
+        errno.EROFS: "read-only file system: write the run elsewhere with --out",
+        errno.ENOTDIR: "not a directory: a file stands where a directory is needed; move it or use another path",
+        errno.EISDIR: "is a directory: give a file path",
+        errno.ENOENT: "no such file or directory",
+    }.get(err.errno, f"{err.strerror or type(err).__name__}")
+    return f"{where}: {advice}"
+
+
 def main() -> None:
+    """`taut`: errors a user can act on end with one line and exit code 2 (3: training diverged);
+    `--debug` (anywhere on the command line) or TAUT_DEBUG=1 also prints the traceback."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    debug = "--debug" in sys.argv[1:] or os.environ.get("TAUT_DEBUG", "") not in ("", "0")
+    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != "--debug")]
     try:
         app()
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        err_console.print(f"[red]error:[/red] {err}")
-        sys.exit(2)
+    except Exception as err:
+        known = failure(err)
+        if known is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        code, message = known
+        err_console.print("[red]error:[/red]", escape(message), soft_wrap=True)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

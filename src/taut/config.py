@@ -3,6 +3,11 @@
 A recipe is a YAML mapping whose top-level keys are the fields of `RunConfig`. Every command
 reads the sections it needs. Unknown or misspelled keys are errors naming the key, the file
 and line where it stands, and the valid keys.
+
+Numbers are checked for sense, not only type: every float is finite (`Strict`), learning rates
+lie in (0, 1] (above that AdamW moves each weight by more than its typical size per step),
+Adam betas in [0, 1), the PPO lower clip in [0, 1), sampling temperatures above 0 (0 = greedy
+where evaluation allows it).
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from taut.length import StrategyConfig
 from taut.length.none import NoneConfig
 from taut.schema import Strict
+
+def _betas(v: tuple[float, float]) -> tuple[float, float]:
+    if not all(0 <= b < 1 for b in v):
+        raise ValueError(f"Adam betas must each lie in [0, 1), got {v}")
+    return v
 
 
 class ConfigError(ValueError):
@@ -106,6 +116,9 @@ class DataConfig(Strict):
     sft: list[TaskSpec] = Field(default_factory=lambda: ["gym:all"], description="tasks the SFT cold start covers")
     levels: list[int] | None = Field(None, description="difficulty levels to use (default: all)")
     pool_per_level: int = Field(200, gt=0, description="RL prompt pool: train-split problems per domain and level")
+    max_prompt_tokens: int | None = Field(
+        None, gt=0, description="longer prompts in data files are skipped at load, with a warning naming how many and the first; "
+                                "default: the model's context length minus rl.max_new_tokens")
     seed: int = 0
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
 
@@ -113,7 +126,7 @@ class DataConfig(Strict):
 class SFTConfig(Strict):
     steps: int = Field(2000, ge=0)
     batch_size: int = Field(64, gt=0)
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, le=1)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = Field(0.01, ge=0)
     warmup_steps: int = Field(30, ge=0)
@@ -122,6 +135,8 @@ class SFTConfig(Strict):
     bucket_batches: int = Field(4, gt=0, description="batches drawn together and sorted by length (less padding)")
     log_every: int = Field(50, gt=0)
     checkpoint_every: int = Field(500, gt=0)
+
+    _betas_in_range = field_validator("betas")(_betas)
 
 
 class RLConfig(Strict):
@@ -135,12 +150,12 @@ class RLConfig(Strict):
     min_new_tokens: int = Field(0, ge=0, description="forbid <eos> before this many tokens (throughput benchmarks at forced length)")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1, description="must be 1: the trained log-probs are those of the full tempered distribution")
-    lr: float = Field(2e-4, gt=0)
+    lr: float = Field(2e-4, gt=0, le=1)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    clip_low: float = Field(0.2, ge=0, description="ε_low; acts only with updates_per_batch > 1 (with one update the ratio is 1)")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="ε_low: the ratio's lower clip is 1 − ε_low; acts only with updates_per_batch > 1 (with one update the ratio is 1)")
     clip_high: float = Field(0.28, ge=0, description="ε_high; acts only with updates_per_batch > 1")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
     adv_norm: Literal["group", "batch", "none"] | None = Field(
@@ -155,6 +170,10 @@ class RLConfig(Strict):
     checkpoint_every: int = Field(50, gt=0)
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
     log_every: int = Field(1, gt=0)
+    max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf "
+                                                           "(each skipped step is undone and counted)")
+
+    _betas_in_range = field_validator("betas")(_betas)
 
     @field_validator("top_p")
     @classmethod
@@ -220,7 +239,7 @@ class PhaseConfig(Strict):
     stop: StopRules = Field(default_factory=StopRules)
     rollback: SelectionConfig = Field(default_factory=SelectionConfig, description="where a tripped detector rolls back to")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
-    lr: float | None = Field(None, gt=0, description="this phase's learning rate (default rl.lr)")
+    lr: float | None = Field(None, gt=0, le=1, description="this phase's learning rate (default rl.lr)")
 
 
 class ValidationConfig(Strict):
@@ -260,8 +279,8 @@ class RunConfig(Strict):
         return self
 
     def plan(self) -> list[PhaseConfig]:
-        """The phases to run, cut at rl.steps when it is set."""
-        if self.phases is None and self.rl.steps == 0:
+        """The phases to run, cut at rl.steps when it is set (rl.steps=0: none)."""
+        if self.rl.steps == 0:
             return []
         phases = self.phases or [PhaseConfig(name="main", steps=100 if self.rl.steps is None else self.rl.steps,
                                              strategy=self.strategy)]
@@ -292,7 +311,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), model
     lines: dict[tuple, int] = {}
     source = str(path) if path else "<defaults>"
     if path is not None:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = data[:err.start].count(b"\n") + 1
+            raise ConfigError(f"{source}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x}); save the recipe as UTF-8") from None
         try:
             raw = yaml.safe_load(text) or {}
             lines = _key_lines(text)

@@ -170,9 +170,12 @@ def resolve_model_path(path: str) -> str:
         return str(target)
     p = Path(path)
     if p.is_dir() and (p / "checkpoints").is_dir():
-        from taut.checkpoint import chosen_checkpoint
+        from taut.checkpoint import chosen_checkpoint, require_intact
 
-        return str(chosen_checkpoint(p))
+        return str(require_intact(chosen_checkpoint(p)))
+    if p.is_dir() and not (p / "config.json").exists() and (p / "config.yaml").exists():
+        raise FileNotFoundError(f"run directory {path!r} has no checkpoints yet (no {p / 'checkpoints'}): "
+                                f"train it first (taut train --resume {path}), or give a model directory")
     if p.is_dir():
         return str(p)
     if path.startswith((".", "/", "~")) or not _looks_like_hub_id(path):

@@ -36,21 +36,24 @@ def _file(spec: str, levels: list[int] | None) -> Task:
     return _file_task(FileTaskConfig(path=spec.partition(":")[2]), levels)
 
 
-def _file_task(config: FileTaskConfig, levels: list[int] | None) -> Task:
+def _file_task(config: FileTaskConfig, levels: list[int] | None, prompt_limit=None) -> Task:
     from taut.tasks.files import FileTask
 
-    return FileTask(config, levels)
+    return FileTask(config, levels, prompt_limit)
 
 
 register_task("gym", _gym)
 register_task("file", _file)
 
 
-def load_task(spec: TaskSpec, levels: list[int] | None = None) -> Task:
-    """The task a recipe names: a `kind:…` string or a data file's `FileTaskConfig`."""
+def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:
+    """The task a recipe names: a `kind:…` string or a data file's `FileTaskConfig`.
+    `prompt_limit` (a `taut.tasks.files.PromptLimit`) makes a data file skip over-long prompts."""
     if isinstance(spec, FileTaskConfig):
-        return _file_task(spec, levels)
-    kind, _, _ = spec.partition(":")
+        return _file_task(spec, levels, prompt_limit)
+    kind, _, rest = spec.partition(":")
+    if kind == "file" and prompt_limit is not None:
+        return _file_task(FileTaskConfig(path=rest), levels, prompt_limit)
     if kind not in _FACTORIES:
         raise ValueError(f"unknown task {spec!r}; known kinds: {', '.join(f'{k}:…' for k in _FACTORIES)}, "
                          f"or a data file given as {{path: …, columns: …}}")

@@ -19,6 +19,18 @@ across splits.
 Problems are grouped by (domain, difficulty) when those columns are mapped; `problems(split,
 n_per_level, seed)` returns up to n per group (a seeded sample, in file order). Problem ids are
 `<task name>:<id column>` or `<task name>:row-<n>`.
+
+Text files (JSONL, CSV) must be UTF-8: other bytes are an error naming the file and line.
+
+Prompt length. One giant prompt is enough to exhaust memory in generation, so a task given a
+`PromptLimit` (`data.max_prompt_tokens`, by default the model's context minus the rollout cap)
+skips the rows whose prompt is longer, and warns once with how many it skipped and where the
+first one is; it is an error only when no row is left. Skipping rather than refusing the file:
+a large scraped data set with a few broken rows still trains, and the warning says where they
+are. Rows keep their numbers (ids `row-<n>` do not shift). The prompt's own tokens are counted,
+not a chat template's. Without a tokenizer the bound is on characters instead:
+`CHARS_PER_TOKEN_BOUND` characters per allowed token, a loose bound (English text averages about
+4 characters per token) that only catches prompts that are certainly far too long.
 """
 
 from __future__ import annotations
@@ -27,8 +39,9 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +52,9 @@ from taut.tasks.gym.task import split_of
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 BUDGET_INSTRUCTION = "Think for {budget} tokens."      # L1 / LCPO's wording (arXiv 2503.04697)
+CHARS_PER_TOKEN_BOUND = 32      # without a tokenizer: a prompt may have this many characters per allowed token
+
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -56,6 +72,39 @@ class Row:
     difficulty: int | None
     id: str | None
     split: Split
+
+
+@dataclass(frozen=True)
+class PromptLimit:
+    """The longest prompt a task keeps: `max_tokens` counted by `count_tokens` (the policy's
+    tokenizer), or, without one, `max_tokens * CHARS_PER_TOKEN_BOUND` characters."""
+
+    max_tokens: int
+    count_tokens: Callable[[str], int] | None = None
+
+    @classmethod
+    def for_policy(cls, max_prompt_tokens: int | None, policy, max_new_tokens: int) -> PromptLimit:
+        """`data.max_prompt_tokens`, or the model's context length minus the rollout cap."""
+        if max_prompt_tokens is None:
+            context = policy.model.config.max_position_embeddings
+            if context <= max_new_tokens:
+                raise ValueError(f"the model's context ({context} tokens) leaves no room for a prompt before "
+                                 f"rl.max_new_tokens={max_new_tokens}: lower rl.max_new_tokens")
+            max_prompt_tokens = context - max_new_tokens
+        tokenizer = policy.tokenizer
+        return cls(max_prompt_tokens, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+    def too_long(self, prompt: str) -> bool:
+        if self.count_tokens is None:
+            return len(prompt) > self.max_tokens * CHARS_PER_TOKEN_BOUND
+        if len(prompt.encode()) + 2 <= self.max_tokens:    # no tokenizer makes more tokens than bytes (+ BOS, a prefix space)
+            return False
+        return self.count_tokens(prompt) > self.max_tokens
+
+    def describe(self) -> str:
+        if self.count_tokens is None:
+            return f"{self.max_tokens * CHARS_PER_TOKEN_BOUND} characters ({self.max_tokens} tokens, no tokenizer given)"
+        return f"{self.max_tokens} tokens (data.max_prompt_tokens)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,17 +129,19 @@ def resolve_format(config: FileTaskConfig) -> str:
 def _records(path: Path, fmt: str) -> Iterator[tuple[str, Any, Split | None]]:
     """(location, record, split declared by the source) for every row, in file order."""
     if fmt == "jsonl":
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
+        with open(path, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                where = f"{path}:{line_no}"
+                line = _decode(raw, where)
                 if not line.strip():
                     continue
-                where = f"{path}:{line_no}"
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as err:
                     raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
                 yield where, record, None
     elif fmt == "csv":
+        _check_utf8(path)
         with open(path, encoding="utf-8-sig", newline="") as f:       # -sig: spreadsheets write a BOM
             reader = csv.DictReader(f, restkey="\0extra")
             start = 2                                      # line 1 is the header
@@ -117,6 +168,20 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[str, Any, Split | None]]:
                 yield (f"{path} row {i}" if key is None else f"{path} [{key}] row {i}"), record, key
     else:
         raise DataError(f"{path}: unknown format {fmt!r}; valid formats: jsonl, parquet, csv, datasets")
+
+
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{where}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line); "
+                        f"re-encode the file as UTF-8") from None
+
+
+def _check_utf8(path: Path) -> None:
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            _decode(raw, f"{path}:{line_no}")
 
 
 def read_rows(config: FileTaskConfig) -> list[Row]:
@@ -233,7 +298,8 @@ def cached_rows(config: FileTaskConfig) -> list[Row]:
 class FileTask:
     """Problems from a data file, graded by the math verifier or by exact match."""
 
-    def __init__(self, config: FileTaskConfig, levels: list[int] | tuple[int, ...] | None = None):
+    def __init__(self, config: FileTaskConfig, levels: list[int] | tuple[int, ...] | None = None,
+                 prompt_limit: PromptLimit | None = None):
         if config.verifier == "math" and importlib.util.find_spec("math_verify") is None:
             raise ImportError(f"task {config.path!r} uses the math verifier: install the math extra (pip install 'taut[math]')")
         self.config = config
@@ -245,7 +311,25 @@ class FileTask:
                                  f"map columns.difficulty or unset data.levels")
             wanted = set(levels)
             rows = [r for r in rows if r.difficulty in wanted]
+        self.skipped_long: list[str] = []          # where each over-long prompt is (file:line)
+        if prompt_limit is not None:
+            rows = self._within(rows, prompt_limit)
         self.rows = rows
+
+    def _within(self, rows: list[Row], limit: PromptLimit) -> list[Row]:
+        kept = []
+        for row in rows:
+            if limit.too_long(row.prompt):
+                self.skipped_long.append(row.where)
+            else:
+                kept.append(row)
+        if self.skipped_long:
+            if not kept:
+                raise DataError(f"{self.config.path}: every prompt is longer than {limit.describe()}, the first at "
+                                f"{self.skipped_long[0]}; raise data.max_prompt_tokens or shorten the prompts")
+            log.warning("%s: skipped %d of %d rows whose prompt is longer than %s; the first: %s", self.config.path,
+                        len(self.skipped_long), len(rows), limit.describe(), self.skipped_long[0])
+        return kept
 
     # ---- problems ---------------------------------------------------------------------
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
