@@ -450,7 +450,7 @@ def _one_line(err: str) -> str:
 def test_cli_refuses_a_used_run_directory_and_a_locked_one(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     _fake_run(run)
-    code, err = _main(monkeypatch, capsys, "train", "--out", str(run), "--quiet")
+    code, err = _main(monkeypatch, capsys, "train", "--config", "default", "--out", str(run), "--quiet")
     assert code == 2 and "already holds a run" in _one_line(err)
     with claim_run_dir(run, resume=True, overwrite=False):
         code, err = _main(monkeypatch, capsys, "train", "--resume", str(run), "--quiet")
@@ -479,9 +479,9 @@ def test_cli_eval_of_a_run_without_an_intact_checkpoint(saved_run, tmp_path, mon
 def test_cli_not_a_directory_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("x")
     out = str(tmp_path / "file" / "run")
-    code, err = _main(monkeypatch, capsys, "train", "--out", out, "--quiet")
+    code, err = _main(monkeypatch, capsys, "train", "--config", "default", "--out", out, "--quiet")
     assert code == 2 and "not a directory" in _one_line(err) and str(tmp_path / "file") in err
-    code, err = _main(monkeypatch, capsys, "--debug", "train", "--out", out, "--quiet")
+    code, err = _main(monkeypatch, capsys, "--debug", "train", "--config", "default", "--out", out, "--quiet")
     assert code == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
 
 
@@ -525,3 +525,64 @@ def test_zero_rl_steps_train_zero_steps(tmp_path):
     final = train_rl(config, tmp_path / "run", quiet=True)
     assert final.name == "step-000000" and [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-000000"]
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""
+
+
+# ---- the guards inside the RL loop ------------------------------------------------------------
+
+
+def _toy_run(**rl):
+    import toytask  # noqa: F401  (registers the toy:… task)
+    from taut.config import RunConfig
+
+    return RunConfig.model_validate({
+        "seed": 0, "model": {"preset": "tiny", "threads": 1},
+        "data": {"train": ["toy:first-ok"], "pool_per_level": 16},
+        "rl": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 4, "lr": 3e-3, "dynamic_sampling": False,
+               "checkpoint_every": 2, **rl},
+    })
+
+
+def test_the_rl_loop_skips_non_finite_steps_and_stops_after_too_many(tmp_path, monkeypatch):
+    import taut.rl.objectives as objectives
+    from safetensors.torch import load_file
+
+    from taut.rl.trainer import train_rl
+
+    calls = {"n": 0}
+    real = torch.nn.utils.clip_grad_norm_
+
+    def exploding(params, max_norm):                  # the third update onwards: an infinite gradient
+        calls["n"] += 1
+        norm = real(params, max_norm)
+        return norm if calls["n"] < 3 else torch.tensor(float("inf"))
+
+    monkeypatch.setattr(objectives.torch.nn.utils, "clip_grad_norm_", exploding)
+    with pytest.raises(TrainingDiverged, match="3 optimizer steps in a row"):
+        train_rl(_toy_run(steps=10, max_nonfinite_skips=3), tmp_path, quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "event" not in line]
+    skipped = [r["step"] for r in records if r["skipped"]]
+    assert skipped == [r["step"] for r in records[-2:]], "two skipped steps logged; the third raised before its line"
+    first, last = skipped[0] - 1, skipped[-1]           # checkpoints before the first skip and after the second
+    assert first % 2 == 0 and last % 2 == 0, "this seed skips steps 7 and 8 (checkpoints every 2)"
+    before = load_file(str(tmp_path / "checkpoints" / f"step-{first:06d}" / "model.safetensors"))
+    after = load_file(str(tmp_path / "checkpoints" / f"step-{last:06d}" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before), "skipped steps must leave the weights"
+
+
+def test_the_rl_loop_resumes_from_the_newest_intact_checkpoint_and_cuts_the_log_back(tmp_path):
+    from safetensors.torch import load_file
+
+    from taut.rl.trainer import train_rl
+
+    config = _toy_run(steps=4)
+    clean, damaged = tmp_path / "clean", tmp_path / "damaged"
+    train_rl(config, clean, quiet=True)
+    train_rl(config.model_copy(update={"rl": config.rl.model_copy(update={"steps": 3})}), damaged, quiet=True)
+    weights = damaged / "checkpoints" / "step-000003" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])                        # the newest checkpoint is torn
+    train_rl(config, damaged, resume=True, quiet=True)                     # back to step 2, then on to 4
+    a = load_file(str(clean / "checkpoints" / "step-000004" / "model.safetensors"))
+    b = load_file(str(damaged / "checkpoints" / "step-000004" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(line)["step"] for line in (damaged / "metrics.jsonl").read_text().splitlines() if "event" not in line]
+    assert steps == [1, 2, 3, 4]

@@ -82,7 +82,7 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
         config = config or resume / "config.yaml"
     elif config is None:
         err_console.print("[red]error:[/red] taut train needs a recipe: --config RECIPE (e.g. --config recipes/grpo.yaml), "
-                          "or --config default for the built-in defaults (plain GRPO, 100 steps, on the testbed)")
+                          "or --config default for the built-in defaults (plain GRPO, 100 steps, on the testbed)", soft_wrap=True)
         raise typer.Exit(2)
     cfg = _config(None if str(config) == "default" else config, set)
     if dry_run:

@@ -135,6 +135,7 @@ class SFTConfig(Strict):
     bucket_batches: int = Field(4, gt=0, description="batches drawn together and sorted by length (less padding)")
     log_every: int = Field(50, gt=0)
     checkpoint_every: int = Field(500, gt=0)
+    max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf")
 
     _betas_in_range = field_validator("betas")(_betas)
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from taut.checkpoint import latest_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
+from taut.checkpoint import latest_checkpoint, latest_intact_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
 from taut.config import RunConfig, to_yaml
 from taut.models import Policy, load_policy, resume_policy
+from taut.rl.guard import NonFiniteGuard
 from taut.runlog import MetricsLog, StepProgress, console
 
 
@@ -124,7 +125,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     (run_dir / "config.yaml").write_text(to_yaml(config))
     sft = config.sft
     start = 0
-    if resume and (ckpt := latest_checkpoint(run_dir)) is not None:
+    if resume and (ckpt := latest_intact_checkpoint(run_dir)) is not None:
         remove_partial(run_dir)
         policy = resume_policy(config.model, ckpt)
         start = read_state(ckpt)["step"]
@@ -137,6 +138,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     if start:
         load_optimizer(optimizer, ckpt)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None)
+    guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips)
 
     tokens_seen, t0, window_loss, window_tokens = 0, time.perf_counter(), 0.0, 0
     with StepProgress(sft.steps, "sft", quiet, start) as progress:
@@ -155,7 +157,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), sft.grad_clip).item()
-            optimizer.step()
+            guard.step(grad_norm, where=f"sft step {step + 1}")        # a non-finite step is undone and counted
 
             n_tokens = int((target != -100).sum())
             tokens_seen += n_tokens

@@ -28,9 +28,11 @@ def load_for_eval(config: RunConfig, target: Path):
 def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], **generate_kwargs):
     from taut.evaluate import generate_and_grade, report
     from taut.tasks import load_task
+    from taut.tasks.files import PromptLimit
 
-    tasks = [load_task(spec, config.data.levels) for spec in (config.eval.tasks or config.data.eval)]
     max_new = config.eval.max_new_tokens or config.rl.max_new_tokens
+    limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, max_new)
+    tasks = [load_task(spec, config.data.levels, limit) for spec in (config.eval.tasks or config.data.eval)]
     t0 = time.perf_counter()
     from taut.rollout import build_engine
 

@@ -42,10 +42,11 @@ class PromptPool:
         self._order = self._shuffle(self.epoch)
 
 
-def build_pool(config: RunConfig) -> PromptPool:
+def build_pool(config: RunConfig, prompt_limit=None) -> PromptPool:
+    """The train-split problems of `data.train`; data files skip prompts over `prompt_limit`."""
     items = []
     for spec in config.data.train:
-        task = load_task(spec, config.data.levels)
+        task = load_task(spec, config.data.levels, prompt_limit)
         items += [(task, p) for p in task.problems("train", config.data.pool_per_level, config.data.seed) if not p.held_out]
     return PromptPool(items, config.seed)
 

@@ -25,6 +25,7 @@ from taut.length import Strategy
 from taut.metrics import mean
 from taut.models import Policy
 from taut.rl.advantages import AdvantageNorm, group_advantages, informative_groups
+from taut.rl.guard import NonFiniteGuard
 from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs
 from taut.rl.losses import aggregation_weights, clipped_policy_loss, sft_loss
 from taut.rl.rollouts import RolloutBatch
@@ -131,8 +132,13 @@ def build_objective(strategy: Strategy, cfg: RLConfig) -> Objective:
 
 
 def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, objective: Objective, cfg: RLConfig, *,
-           cap: int, reference: torch.nn.Module | None = None) -> dict[str, float | None]:
-    """One or more optimizer updates on the kept groups; returns loss metrics."""
+           cap: int, reference: torch.nn.Module | None = None, guard: NonFiniteGuard | None = None,
+           where: str = "") -> dict[str, float | None]:
+    """One or more optimizer updates on the kept groups; returns loss metrics.
+
+    With a `guard`, a step whose gradient norm or resulting weights are not finite is undone
+    and counted (the guard stops the run after too many in a row); without one, a step with a
+    non-finite gradient norm is skipped."""
     model = policy.model
     lengths = torch.tensor([len(r) for r in batch.responses])                          # [K*G]
     plan = objective.plan(torch.stack(batch.rewards), lengths, cap)                    # rewards [K, G]
@@ -169,12 +175,18 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
             stats["entropy_sum"] += float((entropy.detach() * seq.mask).sum())
             stats["tokens"] += float(seq.mask.sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        if not torch.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)     # a non-finite step is skipped and counted
+        if guard is not None:
+            applied = guard.step(grad_norm, where=where)
+        elif torch.isfinite(grad_norm):
+            optimizer.step()
+            applied = True
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            applied = False
+        if not applied:                               # a non-finite step is skipped and counted
             skipped += 1
             continue
         grad_norms.append(grad_norm.item())
-        optimizer.step()
     tokens = max(1.0, stats["tokens"])
     return {
         "loss": stats["loss"] / cfg.updates_per_batch,

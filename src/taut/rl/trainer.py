@@ -32,6 +32,7 @@ from taut.checkpoint import (
     SELECTION,
     chosen_checkpoint,
     latest_checkpoint,
+    latest_intact_checkpoint,
     list_checkpoints,
     load_generators,
     load_optimizer,
@@ -47,11 +48,13 @@ from taut.length import Strategy, build_strategy
 from taut.metrics import mean, percentile
 from taut.models import Policy, load_policy, restore_weights, resume_policy
 from taut.rl.data import Sampler, build_pool
+from taut.rl.guard import NonFiniteGuard
 from taut.rl.objectives import LOSS_METRICS, build_objective, update
 from taut.rl.rollouts import RolloutBatch, collect
 from taut.rollout import RolloutEngine, build_engine
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import load_task
+from taut.tasks.files import PromptLimit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,8 +65,8 @@ from taut.tasks import load_task
 class Run:
     """Everything a run needs to continue exactly; saved whole in every checkpoint."""
 
-    def __init__(self, config: RunConfig, device: torch.device):
-        self.pool = build_pool(config)
+    def __init__(self, config: RunConfig, device: torch.device, prompt_limit: PromptLimit | None = None):
+        self.pool = build_pool(config, prompt_limit)
         self.tracker = MasteryTracker()
         self.sampler = Sampler(self.pool, self.tracker, config.seed)
         self.generator = torch.Generator(device=device).manual_seed(config.seed)   # rollout sampling
@@ -79,6 +82,7 @@ class Run:
         self.strategy: Strategy | None = None  # the current phase's strategy (its memory is state)
         self.strategy_state: dict = {}
         self.metrics_lines = 0                # metrics.jsonl lines this state covers
+        self.nonfinite_in_a_row = 0           # optimizer steps skipped as non-finite since the last good one
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -88,12 +92,12 @@ class Run:
             "strategy": self.strategy.state_dict() if self.strategy else self.strategy_state,
             "pool": self.pool.state_dict(), "mastery": self.tracker.state_dict(),
             "sampler_rng": self.sampler.rng.bit_generator.state, "np_rng": self.np_rng.bit_generator.state,
-            "metrics_lines": self.metrics_lines,
+            "metrics_lines": self.metrics_lines, "nonfinite_in_a_row": self.nonfinite_in_a_row,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("step", "phase_index", "phase_start_step", "phase_started", "reference", "candidates", "phases",
-                    "detectors", "metrics_lines"):
+                    "detectors", "metrics_lines", "nonfinite_in_a_row"):
             setattr(self, key, state[key])
         self.strategy_state = state["strategy"]
         self.pool.load_state_dict(state["pool"])
@@ -127,7 +131,7 @@ class Run:
 
 
 class Validator:
-    def __init__(self, config: RunConfig, policy: Policy, engine: RolloutEngine):
+    def __init__(self, config: RunConfig, policy: Policy, engine: RolloutEngine, prompt_limit: PromptLimit | None = None):
         from taut.config import EvalConfig
 
         v = config.validation
@@ -137,7 +141,7 @@ class Validator:
         self.engine = engine                      # the trainer's own engine: same decode path and precision
         self.max_new_tokens = config.rl.max_new_tokens
         self.seed = config.seed
-        tasks = [load_task(spec, config.data.levels) for spec in (v.tasks or config.data.train)]
+        tasks = [load_task(spec, config.data.levels, prompt_limit) for spec in (v.tasks or config.data.train)]
         self.problems = [(t, p) for t in tasks for p in t.problems("validation", v.n_per_level, config.data.seed)]
         if not self.problems:
             raise ValueError("the validation split is empty: check validation.tasks and data.levels")
@@ -162,8 +166,8 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     cfg = config.rl
     plan = config.plan()
 
-    # ---- policy, optimizer and run state: fresh, or exactly where the latest checkpoint left them
-    ckpt = latest_checkpoint(run_dir) if resume else None
+    # ---- policy, optimizer and run state: fresh, or exactly where the latest intact checkpoint left them
+    ckpt = latest_intact_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         console.print(f"[yellow]no checkpoint in {run_dir} yet: starting from the beginning[/yellow]")
     if ckpt is not None:
@@ -175,7 +179,8 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     model = policy.model
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    run = Run(config, model.device)
+    prompt_limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, cfg.max_new_tokens)
+    run = Run(config, model.device, prompt_limit)
     if ckpt is not None:
         load_optimizer(optimizer, ckpt)
         load_generators(ckpt, {"sampling": run.generator})
@@ -185,7 +190,9 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
                           f"(raise rl.steps or add phases with --set to continue it)")
     log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None)
     engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode)
-    validator = Validator(config, policy, engine) if config.validation.every else None
+    validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
+    guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips)
+    guard.consecutive = run.nonfinite_in_a_row
 
     with StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, run.step) as bar:
         while run.phase_index < len(plan):
@@ -219,8 +226,10 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
 
                 # ---- update -------------------------------------------------------------------
                 t_update = time.perf_counter()
-                losses = (update(policy, optimizer, batch, objective, cfg, cap=cap, reference=reference) if batch.rewards
+                losses = (update(policy, optimizer, batch, objective, cfg, cap=cap, reference=reference, guard=guard,
+                                 where=f"step {run.step + 1}") if batch.rewards
                           else dict.fromkeys(LOSS_METRICS, None) | {"skipped": 0.0})
+                run.nonfinite_in_a_row = guard.consecutive
                 engine.sync_weights()
                 t_update = time.perf_counter() - t_update
                 run.step += 1
