@@ -184,7 +184,8 @@ def eval_cmd(
                   "or --out FILE to write elsewhere")
     if dry_run:
         _print_config(cfg)
-        out_console.print("would write: " + ", ".join(str(p) for _, p in jobs), highlight=False)
+        for job_target, path in jobs:
+            out_console.print(f"would evaluate {job_target} into {path}", highlight=False, soft_wrap=True)
         return
     from taut.evaluate import table
 

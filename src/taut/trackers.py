@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from taut.config import RunConfig, to_yaml
 
 STATE = "trackers.json"
-EXTRA = "tracking"
 
 
 class TrackerMissing(RuntimeError):
@@ -110,14 +109,14 @@ def open_trackers(config: RunConfig, run_dir: Path, resume_step: int | None = No
 
 
 def _require(module: str, tracker: str):
-    """Import a tracker's package, or say which extra installs it."""
+    """Import a tracker's package, or say which extra installs it (the extra is named after the tracker)."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise TrackerMissing(f"report_to lists {tracker!r} but {module!r} is not installed: "
-                             f"pip install 'taut[{EXTRA}]' (or pip install {tracker})") from None
+        raise TrackerMissing(f"report_to lists {tracker!r} but the {module!r} package is not installed: "
+                             f"pip install 'taut[{tracker}]'") from None
 
 
 class TensorBoardTracker:
