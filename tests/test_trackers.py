@@ -54,7 +54,7 @@ def read_tensorboard(log_dir):
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = {tag: {(e.step, round(e.value, 6)) for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-    texts = {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)]
+    texts = {tag.removesuffix("/text_summary"): [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)]
              for tag in events.Tags()["tensors"]}
     return scalars, texts
 
@@ -80,8 +80,43 @@ def test_tensorboard_event_files_hold_every_metric_at_its_step_and_resume_contin
     assert len(texts["config"]) == 1
 
 
+def wandb_records(path):
+    """The records of a W&B transaction log (`run-<id>.wandb`): a 7-byte header, then LevelDB-style
+    blocks of 32 KiB holding chunks (checksum 4, length 2, type 1: full, first, middle, last)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:                      # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_history(path) -> tuple[list[dict], dict]:
+    rows, config = [], {}
+    for record in wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            rows.append({k: v for k, v in items.items() if not k.startswith("_")})
+        elif kind == "run":
+            config = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.run.config.update}
+    return rows, config
+
+
 def test_wandb_offline_writes_its_run_folder_and_resume_keeps_the_run(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")          # any network use fails instead of leaving
@@ -90,15 +125,24 @@ def test_wandb_offline_writes_its_run_folder_and_resume_keeps_the_run(tmp_path, 
     with open_trackers(config("wandb"), run) as trackers:
         for record in RECORDS:
             trackers.log(record)
+    wandb.teardown()                        # the writer is a service process: wait until it has written
     run_id = json.loads((run / "trackers.json").read_text())["wandb"]["id"]
-    folders = list((run / "wandb").glob(f"offline-run-*-{run_id}"))
-    assert len(folders) == 1 and list(folders[0].glob(f"run-{run_id}.wandb"))
-    summary = json.loads((folders[0] / "files" / "wandb-summary.json").read_text())
-    assert summary["cap"] == 96 and summary["mastered_frac"] == 0.25 and summary["val_accuracy"] == 0.7
-    assert summary["step"] == 3 and summary["phase"] == "compression"
-    logged_config = (folders[0] / "files" / "config.yaml").read_text()
-    assert "report_to" in logged_config and "prompts_per_step" in logged_config
+    (folder,) = (run / "wandb").glob(f"offline-run-*-{run_id}")
+    rows, logged_config = wandb_history(folder / f"run-{run_id}.wandb")
+    assert [row["step"] for row in rows] == [0, 1, 2, 2, 3]
+    for row, record in zip(rows, RECORDS):
+        scalars, texts = split_record(record)
+        assert {k: v for k, v in row.items() if not isinstance(v, str) and k != "step"} == scalars
+        assert {k: v for k, v in row.items() if isinstance(v, str)}.items() <= texts.items()
+    assert [row.get("phase") for row in rows] == ["accuracy", None, None, None, "compression"]   # when it changes
+    assert [row.get("strategy") for row in rows] == [None, "siri", None, None, "mastery-gated"]
+    assert logged_config["report_to"] == ["wandb"] and logged_config["rl"]["steps"] == 3
     with open_trackers(config("wandb"), run, resume_step=3) as trackers:
-        trackers.log({**RECORDS[-1], "step": 4})
+        trackers.log({**RECORDS[-1], "step": 4, "cap": 80})
+    wandb.teardown()
     assert json.loads((run / "trackers.json").read_text())["wandb"]["id"] == run_id
-    assert len(list((run / "wandb").glob(f"offline-run-*-{run_id}"))) == 2          # the same run id, continued
+    folders = sorted((run / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(folders) == 2                                   # the same run id, continued
+    resumed = [f for f in folders if f != folder][0]
+    rows, _ = wandb_history(resumed / f"run-{run_id}.wandb")
+    assert rows[-1]["step"] == 4 and rows[-1]["cap"] == 80

@@ -152,7 +152,7 @@ class WandbTracker:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "taut"), name=run_dir.name, dir=str(run_dir),
-            id=previous or wandb.util.generate_id(), resume="allow" if previous else None,
+            id=previous, resume="allow" if previous else None,
             config=config.model_dump(mode="json"),
         )
         self.run.define_metric("step")
