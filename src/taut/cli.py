@@ -325,7 +325,7 @@ def compare(
 
     path = write_comparison(runs, out, labels=label)
     out_console.print(rich_table(json.loads((path.parent / "report.json").read_text())["table"]))
-    _next(f"report: {path} (figures and report.json beside it)", f"open {path} in a browser")
+    _next(f"written: {path} (figures and report.json beside it)", f"open {path} in a browser")
 
 
 @bench_app.callback(invoke_without_command=True)
