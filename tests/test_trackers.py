@@ -1,7 +1,9 @@
 """Experiment trackers receive every metrics.jsonl record: read back with each tracker's own reader."""
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +148,47 @@ def test_wandb_offline_writes_its_run_folder_and_resume_keeps_the_run(tmp_path, 
     resumed = [f for f in folders if f != folder][0]
     rows, _ = wandb_history(resumed / f"run-{run_id}.wandb")
     assert rows[-1]["step"] == 4 and rows[-1]["cap"] == 80
+
+
+TRACKIO_SCRIPT = """
+import json, sys
+from taut.config import load_config
+from taut.trackers import open_trackers
+records, run_dir, resume = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+config = load_config(None, ['report_to=[trackio]', 'rl.steps=3'])
+with open_trackers(config, run_dir, resume_step=resume) as trackers:
+    for record in records:
+        trackers.log(record)
+"""
+
+
+@pytest.mark.slow                    # two processes that import trackio (and gradio): over a minute here
+def test_trackio_writes_its_local_database_and_resume_keeps_the_run(tmp_path):
+    pytest.importorskip("trackio")
+    import sqlite3
+    import subprocess
+
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
+    run = tmp_path / "run"
+
+    def log(records, resume):
+        subprocess.run([sys.executable, "-c", TRACKIO_SCRIPT, json.dumps(records), str(run), json.dumps(resume)],
+                       env=env, check=True, capture_output=True, timeout=120)
+
+    log(RECORDS, None)
+    name = json.loads((run / "trackers.json").read_text())["trackio"]["name"]
+    db = sqlite3.connect(tmp_path / "trackio" / "taut.db")
+    rows = [(step, json.loads(blob)) for step, blob in
+            db.execute("select step, metrics from metrics where run_name = ? order by id", (name,))]
+    assert [step for step, _ in rows] == [0, 1, 2, 2, 3]
+    for (_, row), record in zip(rows, RECORDS):
+        assert {k: v for k, v in row.items() if not isinstance(v, str)} == split_record(record)[0]
+    assert rows[4][1]["phase"] == "compression" and rows[4][1]["cap"] == 96
+    (config_blob,) = db.execute("select config from configs where run_name = ?", (name,)).fetchone()
+    assert json.loads(config_blob)["report_to"] == ["trackio"]
+    db.close()
+    log([{**RECORDS[-1], "step": 4, "cap": 80}], 3)
+    db = sqlite3.connect(tmp_path / "trackio" / "taut.db")
+    assert db.execute("select count(distinct run_id) from metrics where run_name = ?", (name,)).fetchone() == (1,)
+    assert db.execute("select step from metrics where run_name = ? order by id desc", (name,)).fetchone() == (4,)
