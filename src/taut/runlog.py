@@ -69,8 +69,8 @@ class StepProgress:
     """
 
     def __init__(self, total: int, description: str, quiet: bool = False, start: int = 0,
-                 every_s: float | None = None):
-        self.total, self.description, self.start = total, description, start
+                 every_s: float | None = None, unit: str = "step"):
+        self.total, self.description, self.start, self.unit = total, description, start, unit
         self.quiet = quiet
         self.progress = None
         self.plain = not quiet and not console.is_terminal
@@ -107,8 +107,8 @@ class StepProgress:
         """The plain progress line: `rl step 12/120  reward 0.61  … 0.42 steps/s  ETA 4m17s`."""
         done = step - self.start
         rate = done / elapsed if elapsed > 0 and done > 0 else None
-        pace = f"{rate:.3g} steps/s  ETA {_duration((self.total - step) / rate)}" if rate else "ETA –"
-        return "  ".join(x for x in (f"{self.description} step {step}/{self.total}", format_fields(fields), pace) if x)
+        pace = f"{rate:.3g} {self.unit}s/s  ETA {_duration((self.total - step) / rate)}" if rate else "ETA –"
+        return "  ".join(x for x in (f"{self.description} {self.unit} {step}/{self.total}", format_fields(fields), pace) if x)
 
 
 def format_fields(fields: dict[str, float | str | None]) -> str:

@@ -36,7 +36,7 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool
     t0 = time.perf_counter()
     engine = build_engine(config.rl.engine, policy, max_rows=config.eval.batch_size)
     problems = [(task, p) for task in tasks for p in task.problems(config.eval.split, config.eval.n_per_level, config.seed)]
-    with StepProgress(len(problems), "eval", quiet=quiet) as bar:
+    with StepProgress(len(problems), "eval", quiet=quiet, unit="problem") as bar:
         samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, problems=problems,
                                      progress=bar.update, **generate_kwargs)
     result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0})
