@@ -150,8 +150,8 @@ def plan_table(cfg: RunConfig) -> Table:
 def eval_cmd(
     target: Annotated[Path, typer.Argument(metavar="TARGET", help="run directory (its chosen checkpoint) or model directory")],
     config: ConfigOpt = None, set: SetOpt = None,
-    tasks: Annotated[Optional[str], typer.Option(help="comma-separated task specs, e.g. gym:add,gym:held-out")] = None,
-    samples: Annotated[Optional[int], typer.Option(help="samples per problem")] = None,
+    tasks: Annotated[Optional[str], typer.Option(metavar="SPECS", help="comma-separated task specs, e.g. gym:add,gym:held-out")] = None,
+    samples: Annotated[Optional[int], typer.Option(metavar="K", help="samples per problem")] = None,
     out: Annotated[Optional[Path], typer.Option(metavar="FILE", help="JSON file (default: RUN/eval/<checkpoint>.json)")] = None,
     with_start: Annotated[bool, typer.Option("--with-start", help="also evaluate the run's first checkpoint (step 0), "
                                              "so that a report compares the run with its start")] = False,
@@ -276,7 +276,7 @@ def data_preview(domain: str, difficulty: Annotated[int, typer.Option("--difficu
 
 
 @data_app.command("health")
-def data_health(target: Annotated[Path, typer.Argument(help="run or model directory")], config: ConfigOpt = None,
+def data_health(target: Annotated[Path, typer.Argument(metavar="TARGET", help="run or model directory")], config: ConfigOpt = None,
                 set: SetOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False):
     """Forced-thinking vs forced-direct accuracy per level, and accuracy with vs without post-answer rounds."""
     from taut.workflows import forced_decisions

@@ -46,7 +46,7 @@ section.omitted p.caption { margin: 0; }
 footer { color: var(--muted); font-size: 13px; margin-top: 22px; }
 p.headline { font-size: 16px; margin: 4px 0 12px; }
 h3 { font-size: 15px; margin: 20px 0 4px; }
-td.text { text-align: left; }
+td.text, th.text { text-align: left; }
 """
 
 
@@ -145,7 +145,7 @@ def _phases_table(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str
         return ""
     return ('<h3>By phase</h3><p class="caption">Each curriculum phase against the phase before it (the first against '
             "the start), from the evaluations of the checkpoints at its two ends.</p>"
-            '<div class="table-wrap"><table class="phases"><thead><tr><th>run</th><th>phase</th><th>steps</th>'
+            '<div class="table-wrap"><table class="phases"><thead><tr><th>run</th><th class="text">phase</th><th>steps</th>'
             "<th>accuracy</th><th>Δ accuracy</th><th>mean tokens</th><th>Δ tokens</th></tr></thead>"
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
