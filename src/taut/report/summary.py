@@ -130,8 +130,8 @@ def rich_table(rows: list[dict[str, Any]]) -> Table:
     """The side-by-side table for the terminal (rows as in `report.json`: missing values are None)."""
     columns = [c for c in COLUMNS if c.short]
     t = Table(title="runs at their chosen checkpoint", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
-              caption="Δ: over the run's compression phase vs. the phase before it (runs without phases: vs. their "
-                      "first evaluated checkpoint)", caption_justify="left")
+              caption="Δ: what the run's last length-control phase did against the phase before it (runs without "
+                      "phases: first evaluated → chosen checkpoint); per phase: report.html", caption_justify="left")
     t.add_column("run", no_wrap=True)
     for column in columns:
         t.add_column(column.short, justify="right", no_wrap=True)
