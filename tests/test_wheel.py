@@ -3,6 +3,7 @@ shipped recipes. Nothing is downloaded: the wheel is built without build isolati
 without dependencies; torch and the rest come from this interpreter's site-packages by path."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,9 +26,13 @@ def run(*args, cwd, env=CLEAN):
 
 @pytest.mark.slow
 def test_the_wheel_installed_in_a_fresh_venv_runs_outside_the_repository(tmp_path):
+    source = tmp_path / "source"             # a copy: no build/ left in the tree, no stale files in the wheel
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     wheels = tmp_path / "wheels"
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", wheels,
-        ROOT, cwd=tmp_path)
+        source, cwd=tmp_path)
     (wheel,) = wheels.glob("taut-*.whl")
     env_dir = tmp_path / "env"
     venv.EnvBuilder(with_pip=False).create(env_dir)
