@@ -66,3 +66,18 @@ def test_eta_and_rate_in_the_plain_line():
     bar = StepProgress(100, "sft", quiet=True, start=10)
     line = bar.line(20, {"loss": 1.23456, "phase": None}, elapsed=5.0)
     assert line == "sft step 20/100  loss 1.23  2 steps/s  ETA 40s"
+
+
+def test_a_training_run_without_a_terminal_prints_progress_and_ends_with_its_outputs_and_next_command(tmp_path):
+    run = tmp_path / "run"
+    micro = ["--set", "model.preset=tiny", "--set", "model.path=null", "--set", "model.threads=1", "--set", "rl.steps=2",
+             "--set", "rl.prompts_per_step=2", "--set", "rl.group_size=2", "--set", "rl.max_new_tokens=8",
+             "--set", "data.pool_per_level=2"]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TAUT_PROGRESS_SECONDS": "0", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "taut.cli", "train", *micro, "--out", str(run)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("rl main step")]
+    assert [line.split("  ")[0] for line in progress] == ["rl main step 1/2", "rl main step 2/2"]
+    assert all(" len " in line and "steps/s  ETA " in line for line in progress)
+    assert f"run: {run}" in proc.stdout and f"next: taut eval {run} --with-start" in proc.stdout
