@@ -5,6 +5,7 @@ import base64
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -179,3 +180,82 @@ def test_compare_errors_say_what_to_do(two_runs, tmp_path):
         compare([empty], tmp_path / "out")
     with pytest.raises(ValueError, match="one --label per run"):
         compare(two_runs, tmp_path / "out", labels=["only-one"])
+
+
+def phased_run(two_runs, tmp_path) -> Path:
+    """A copy of a run as if trained in two phases, accuracy (steps 0–1) then compression (1–2),
+    with its three boundary checkpoints evaluated."""
+    run = tmp_path / "phased"
+    shutil.copytree(two_runs[0], run, ignore=shutil.ignore_patterns("*.safetensors"))
+    start = json.loads((run / "eval" / "step-000000.json").read_text())
+    middle = json.loads(json.dumps(start))
+    middle["overall"]["tokens_mean"] = start["overall"]["tokens_mean"] * 1.25       # the accuracy phase lengthens
+    middle["overall"]["accuracy"] = min(1.0, start["overall"]["accuracy"] + 0.1)
+    (run / "eval" / "step-000001.json").write_text(json.dumps(middle))
+    (run / "curriculum.json").write_text(json.dumps({"phases": [
+        {"name": "accuracy", "start_step": 0, "end_step": 1, "strategy": "none", "ended_by": "steps"},
+        {"name": "compression", "start_step": 1, "end_step": 2, "strategy": "mastery-gated", "ended_by": "steps"}]}))
+    return run
+
+
+def test_each_phase_is_measured_against_the_one_before_and_the_compression_phase_is_the_headline(two_runs, tmp_path):
+    run = phased_run(two_runs, tmp_path)
+    e = evals(run)
+    path = compare([run], tmp_path / "report")
+    row = json.loads((path.parent / "report.json").read_text())["table"][0]
+    accuracy_phase, compression_phase = row["phases"]
+    tokens = {name: e[name]["overall"]["tokens_mean"] for name in e}
+    assert accuracy_phase["tokens_change_pct"] == pytest.approx(25.0)                 # vs. the start
+    assert compression_phase["tokens_change_pct"] == pytest.approx(
+        100 * (tokens["step-000002"] / tokens["step-000001"] - 1))                     # vs. the accuracy phase
+    assert compression_phase["accuracy_change_pp"] == pytest.approx(
+        100 * (e["step-000002"]["overall"]["accuracy"] - e["step-000001"]["overall"]["accuracy"]))
+    assert row["tokens_change_pct"] == compression_phase["tokens_change_pct"]         # the headline
+    assert row["change_over"] == "compression phase (mastery-gated) vs. accuracy"
+    html = path.read_text()
+    assert "compression phase (mastery-gated) vs. accuracy" in html and "By phase" in html
+    assert f"{compression_phase['tokens_change_pct']:+.1f}%" in html
+
+
+def test_length_histogram_bars_are_as_wide_as_their_bins(two_runs):
+    from taut.report.figures import length_histograms
+    from taut.report.runs import load_run
+
+    drawn = length_histograms([load_run(two_runs[0], "run")], ["#0072B2"])
+    edges = drawn.data["edges"]
+    ax = drawn.figure.axes[0]
+    bars = sorted({(round(p.get_x(), 6), round(p.get_width(), 6)) for p in ax.patches})
+    assert bars == [(edges[i], edges[i + 1] - edges[i]) for i in range(len(bars))]
+    assert len({w for _, w in bars}) > 1 or len(bars) <= 4                      # 8-token bins, then wider ones
+    # heights are shares per token: the bars' areas add up to 1
+    area = sum(p.get_width() * p.get_height() for p in ax.patches)
+    assert area == pytest.approx(1.0)
+
+
+def test_a_fixed_cap_is_said_not_drawn(two_runs):
+    from taut.report.figures import training_dynamics
+    from taut.report.runs import load_run
+
+    drawn = training_dynamics([load_run(two_runs[0], "run")], ["#0072B2"])
+    assert drawn.data["fixed_cap"] == 8
+    assert "cap" not in drawn.data["runs"][0]["series"] and "stayed at 8 tokens" in drawn.caption
+    assert "Length cap L(t)" not in [ax.get_title(loc="left") for ax in drawn.figure.axes]
+
+
+def test_panel_axis_labels_do_not_collide(two_runs, tmp_path):
+    from taut.report.figures import STRATEGY_PANELS, _step_panels
+    from taut.report.runs import load_run
+
+    run = load_run(two_runs[0], "run")
+    for record in run.metrics:                        # every strategy signal logged
+        if "length_mean" in record:
+            record.update({key: 0.5 for key, *_ in STRATEGY_PANELS})
+    fig, _ = _step_panels([run], ["#0072B2"], [(*p, None) for p in STRATEGY_PANELS])
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    boxes = [ax.yaxis.label.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+    heights = [ax.get_window_extent(renderer).height for ax in fig.axes if ax.get_visible()]
+    assert all(b.height <= h for b, h in zip(boxes, heights))
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from taut.checkpoint import list_checkpoints, read_state, save_checkpoint
 
-MICRO = ["--set", "model.preset=tiny", "--set", "model.path=null", "--set", "model.threads=1",
+MICRO = ["--config", "default", "--set", "model.preset=tiny", "--set", "model.path=null", "--set", "model.threads=1",
          "--set", "rl.prompts_per_step=4", "--set", "rl.group_size=4", "--set", "rl.max_new_tokens=12",
          "--set", "rl.checkpoint_every=2", "--set", "rl.dynamic_sampling=false", "--set", "data.pool_per_level=5"]
 

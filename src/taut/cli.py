@@ -1,4 +1,8 @@
-"""The `taut` command line: thin commands over library functions."""
+"""The `taut` command line: thin commands over library functions.
+
+Importing this module imports neither torch nor the configuration models: `taut --help` and
+`taut --version` stay fast, and each command imports what it uses.
+"""
 
 from __future__ import annotations
 
@@ -10,49 +14,89 @@ import statistics
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
 
-from taut.config import ConfigError, RunConfig, load_config, to_yaml
+if TYPE_CHECKING:
+    from taut.config import RunConfig
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# rich_markup_mode=None: click's plain help, which shows no `<bool>` after flags
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="taut: RL post-training that makes reasoning models think tightly.")
-data_app = typer.Typer(no_args_is_help=True, help="The built-in testbed's data.")
+data_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The built-in testbed's data.")
 app.add_typer(data_app, name="data")
-bench_app = typer.Typer(help="Benchmarks: the method matrix (default) and trainer throughput (speed).")
+bench_app = typer.Typer(rich_markup_mode=None,
+                        help="Benchmarks: the method matrix (default) and trainer throughput (speed).")
 app.add_typer(bench_app, name="bench")
 out_console = Console()
 err_console = Console(stderr=True)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML recipe")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: key.path=value (repeatable)")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="run directory")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", metavar="RECIPE",
+                                                   help="YAML recipe: a file or builtin:<name> (taut recipes)")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY.PATH=VALUE",
+                                                     help="override a recipe value (repeatable)")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="run directory (default: runs/<command>-<time>)")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="validate and print the resolved config, do not run")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress display (results are still printed)")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="replace the run already in --out (its files are removed first)")]
+ResumeOpt = Annotated[Optional[Path], typer.Option(metavar="RUN", help="continue this run directory")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"taut {version('taut')}")
+        except PackageNotFoundError:
+            print("taut (not installed: running from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(_: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False) -> None:
+    """taut: RL post-training that makes reasoning models think tightly."""
 
 
 def _config(path: Path | None, overrides: list[str] | None) -> RunConfig:
+    from taut.builtin_recipes import resolve_recipe
+    from taut.config import ConfigError, load_config
+
     try:
-        return load_config(path, overrides or [])
+        return load_config(None if path is None else resolve_recipe(path), overrides or [])
     except (ConfigError, FileNotFoundError) as err:
-        err_console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
+        _fail(str(err))
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
 
 
 def _print_config(config: RunConfig) -> None:
+    from rich.syntax import Syntax
+
+    from taut.config import to_yaml
+
     out_console.print(Syntax(to_yaml(config), "yaml", background_color="default"))
+
+
+def _next(outputs: str, command: str | None = None) -> None:
+    """The closing lines of a command: where its outputs are, and what to run next."""
+    out_console.print(outputs, highlight=False, soft_wrap=True)
+    if command:
+        out_console.print(f"next: [bold]{command}[/bold]", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
-        resume: Annotated[Optional[Path], typer.Option(help="continue this run directory")] = None, quiet: QuietOpt = False,
-        overwrite: OverwriteOpt = False):
+        resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """Supervised cold start on the SFT tasks."""
     from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
@@ -66,13 +110,13 @@ def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_ru
         return
     run_dir = resume or out or default_run_dir("sft")
     with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
-        train_sft(cfg, run_dir, resume=resume is not None, quiet=quiet)
+        final = train_sft(cfg, run_dir, resume=resume is not None, quiet=quiet)
+    _next(f"checkpoint: {final}", f"taut train --config builtin:grpo --set model.path={final}")
 
 
 @app.command()
 def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
-          resume: Annotated[Optional[Path], typer.Option(help="continue this run directory")] = None, quiet: QuietOpt = False,
-          overwrite: OverwriteOpt = False):
+          resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """RL training (GRPO with the recipe's length strategy)."""
     from taut.rl.trainer import train_rl
     from taut.rundir import claim_run_dir
@@ -91,42 +135,51 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
         return
     run_dir = resume or out or default_run_dir("train")
     with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
-        train_rl(cfg, run_dir, resume=resume is not None, quiet=quiet)
+        final = train_rl(cfg, run_dir, resume=resume is not None, quiet=quiet)
+    _next(f"run: {run_dir} (metrics.jsonl, checkpoints/, the run's checkpoint {final.name})",
+          f"taut eval {run_dir} --with-start")
 
 
 def plan_table(cfg: RunConfig) -> Table:
-    """The resolved RL plan: phases, their steps, strategies, stop rules and samplers."""
-    t = Table(title=f"plan: {cfg.rl_steps()} RL steps" + (f", validation every {cfg.validation.every}" if cfg.validation.every else ""))
-    for col in ("phase", "steps", "strategy", "stop rules", "rollback", "sampler", "lr"):
-        t.add_column(col)
+    """The resolved RL plan: phases, their steps, strategies, stop rules and samplers. Parameters
+    are stacked one per line so the table fits 80 columns."""
+    title = f"plan: {cfg.rl_steps()} RL steps" + (f", validation every {cfg.validation.every}" if cfg.validation.every else "")
+    t = Table(title=title, box=box.SIMPLE_HEAD, padding=0, show_lines=True)
+    for col in ("phase", "steps", "strategy", "stop rules", "sampler"):
+        t.add_column(col, overflow="fold", no_wrap=col != "stop rules")
     if cfg.rl.updates_per_batch == 1:
         t.caption = (f"clip_low/clip_high ({cfg.rl.clip_low}/{cfg.rl.clip_high}) are inactive: with one update per "
                      f"batch the ratio π/π_old is 1 (set rl.updates_per_batch > 1 to use them)")
     start = 0
     for p in cfg.plan():
-        params = {k: v for k, v in p.strategy.model_dump().items() if k != "name"}
-        stops = ", ".join(f"{k}={v}" for k, v in p.stop.model_dump().items() if v is not None and k not in ("patience", "window"))
-        t.add_row(p.name, f"{start}–{start + p.steps} ({p.steps})",
-                  p.strategy.name + (" " + ", ".join(f"{k}={v}" for k, v in params.items()) if params else ""),
-                  stops or "-", f"{p.rollback.criterion} (±{p.rollback.tolerance})" if stops else "-",
-                  "epochs" if p.sampler.mastered_fraction is None else f"mastered share {p.sampler.mastered_fraction}",
-                  str(p.lr or cfg.rl.lr))
+        params = [f"{k}={v}" for k, v in p.strategy.model_dump().items() if k != "name"]
+        stops = [f"{k}={v}" for k, v in p.stop.model_dump().items() if v is not None and k not in ("patience", "window")]
+        if stops:
+            stops += ["rollback:", p.rollback.criterion, f"(±{p.rollback.tolerance})"]
+        sampler = "epochs" if p.sampler.mastered_fraction is None else f"mastered share\n{p.sampler.mastered_fraction}"
+        t.add_row(f"{p.name}\nlr {p.lr or cfg.rl.lr:g}", f"{start}–{start + p.steps}\n({p.steps})",
+                  "\n".join([p.strategy.name, *params]), "\n".join(stops) or "-", sampler)
         start += p.steps
     return t
 
 
 @app.command("eval")
 def eval_cmd(
-    target: Annotated[Path, typer.Argument(help="run directory (its chosen checkpoint) or model directory")],
+    target: Annotated[Path, typer.Argument(metavar="TARGET", help="run directory (its chosen checkpoint) or model directory")],
     config: ConfigOpt = None, set: SetOpt = None,
-    tasks: Annotated[Optional[str], typer.Option(help="comma-separated task specs, e.g. gym:add,gym:held-out")] = None,
-    samples: Annotated[Optional[int], typer.Option(help="samples per problem")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="JSON file (default: RUN/eval/<checkpoint>.json)")] = None,
+    tasks: Annotated[Optional[str], typer.Option(metavar="SPECS", help="comma-separated task specs, e.g. gym:add,gym:held-out")] = None,
+    samples: Annotated[Optional[int], typer.Option(metavar="K", help="samples per problem")] = None,
+    out: Annotated[Optional[Path], typer.Option(metavar="FILE", help="JSON file (default: RUN/eval/<checkpoint>.json)")] = None,
+    with_start: Annotated[bool, typer.Option("--with-start", help="also evaluate the run's first checkpoint (step 0), "
+                                             "so that a report compares the run with its start")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing evaluation")] = False,
+    dry_run: DryOpt = False,
     quiet: QuietOpt = False,
 ):
     """Accuracy, tokens and budgets per domain and difficulty; writes JSON and prints a table."""
-    from taut.workflows import evaluate_target
+    from taut.workflows import evaluate_target, evaluation_path, start_checkpoint
 
+    _check_target(target)
     if config is None and (target / "config.yaml").exists():
         config = target / "config.yaml"
     overrides = [f"model.path={target}", "model.preset=null", *(set or [])]   # the model is the target
@@ -135,25 +188,78 @@ def eval_cmd(
     if samples:
         overrides.append(f"eval.samples={samples}")
     cfg = _config(config, overrides)
-    result, path = evaluate_target(cfg, target, out)
-    if not quiet:
-        from taut.evaluate import table
+    jobs = [(target, out)]
+    if with_start:
+        first = start_checkpoint(target)
+        if first is None:
+            _fail(f"--with-start: {target} is not a run directory with a step-000000 checkpoint")
+        jobs.insert(0, (first, Path(target) / "eval" / f"{first.name}.json"))
+    jobs = [(t, o or evaluation_path(t)) for t, o in jobs]
+    for _, path in jobs:
+        if path.exists() and not overwrite:
+            _fail(f"{path} exists (a report may have been built from it): pass --overwrite to replace it, "
+                  "or --out FILE to write elsewhere")
+    if dry_run:
+        _print_config(cfg)
+        for job_target, path in jobs:
+            out_console.print(f"would evaluate {job_target} into {path}", highlight=False, soft_wrap=True)
+        return
+    from taut.evaluate import table
 
+    for job_target, path in jobs:
+        result, path = evaluate_target(cfg, job_target, path, quiet=quiet)
         out_console.print(table(result, title=f"eval {result['checkpoint']}"))
-    out_console.print(f"written: {path}")
+        out_console.print(f"written: {path}", highlight=False, soft_wrap=True)
+    run_dir = Path(target)
+    if (run_dir / "checkpoints").is_dir() and out is None:
+        evaluated = sorted((run_dir / "eval").glob("step-*.json"))
+        if len(evaluated) > 1:
+            _next(f"evaluations: {run_dir / 'eval'} ({len(evaluated)} checkpoints)",
+                  f"taut compare {run_dir} --out {run_dir / 'report'}")
+        else:
+            _next(f"evaluations: {run_dir / 'eval'}", f"taut eval {run_dir} --with-start   (a report compares with the start)")
+
+
+def _check_target(target: Path) -> None:
+    """A target that is meant as a local path and does not exist is an error here, before any
+    hub lookup (whose advice would be to download `runs/<name>`)."""
+    text = str(target)
+    if text.startswith("builtin:") or target.exists():
+        return
+    local = target.parts[0] == "runs" or target.parent != Path(".") and target.parent.is_dir()   # runs/: the default
+    if local or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        _fail(f"{target}: no such run or model directory")
 
 
 @app.command()
-def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False,
-         config: Annotated[Path, typer.Option("--config", "-c")] = Path("recipes/demo.yaml")):
+def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_run: DryOpt = False,
+         config: Annotated[Path, typer.Option("--config", "-c", metavar="RECIPE", help="the demo's recipe")] = Path("builtin:demo")):
     """The shipped SFT checkpoint → an accuracy phase → a compression phase on the testbed,
     evaluated at each stage, then the report."""
     from taut.workflows import run_demo
 
-    if not config.exists():
-        err_console.print(f"[red]error:[/red] {config} not found: run from the repository root or pass --config")
-        raise typer.Exit(2)
-    run_demo(_config(config, set), out, quiet=quiet)
+    cfg = _config(config, set)
+    if dry_run:
+        _print_config(cfg)
+        out_console.print(plan_table(cfg))
+        return
+    run_dir, report = run_demo(cfg, out, quiet=quiet)
+    _next(f"run: {run_dir}\nreport: {report}", f"taut compare {run_dir} <another run> --out runs/compare")
+
+
+@app.command()
+def recipes():
+    """The recipes shipped with taut, usable anywhere as --config builtin:<name>."""
+    from taut.builtin_recipes import RECIPES, builtin_names, summary
+
+    names = builtin_names()
+    t = Table(title=f"built-in recipes ({RECIPES})", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    t.add_column("name", no_wrap=True, min_width=max(map(len, names)))
+    t.add_column("what it is", no_wrap=True, overflow="ellipsis")
+    for name in names:
+        t.add_row(name, summary(RECIPES / (name.removeprefix("builtin:") + ".yaml")))
+    out_console.print(t)
+    _next(f"files: {RECIPES} (plain YAML: copy one to edit it)", "taut train --config builtin:grpo --dry-run")
 
 
 @app.command()
@@ -180,14 +286,14 @@ def data_preview(domain: str, difficulty: Annotated[int, typer.Option("--difficu
     from taut.workflows import preview
 
     try:
-        out_console.print(preview(domain.removeprefix("gym:"), difficulty, n, seed), highlight=False)
+        out_console.print(preview(domain.removeprefix("gym:"), difficulty, n, seed))
     except ValueError as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
 
 
 @data_app.command("health")
-def data_health(target: Annotated[Path, typer.Argument(help="run or model directory")], config: ConfigOpt = None,
+def data_health(target: Annotated[Path, typer.Argument(metavar="TARGET", help="run or model directory")], config: ConfigOpt = None,
                 set: SetOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False):
     """Forced-thinking vs forced-direct accuracy per level, and accuracy with vs without post-answer rounds."""
     from taut.workflows import forced_decisions
@@ -236,12 +342,12 @@ def compare(
 
     path = write_comparison(runs, out, labels=label)
     out_console.print(rich_table(json.loads((path.parent / "report.json").read_text())["table"]))
-    out_console.print(f"written: {path}")
+    _next(f"written: {path} (figures and report.json beside it)", f"open {path} in a browser")
 
 
 @bench_app.callback(invoke_without_command=True)
 def bench(ctx: typer.Context,
-          config: Annotated[Path, typer.Option("--config", "-c", help="bench recipe")] = Path("recipes/bench.yaml"),
+          config: Annotated[Path, typer.Option("--config", "-c", metavar="RECIPE", help="bench recipe")] = Path("builtin:bench"),
           quick: Annotated[bool, typer.Option("--quick", help="a few steps per method: a smoke run in minutes")] = False,
           out: OutOpt = None,
           write: Annotated[Optional[Path], typer.Option(help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None):
@@ -249,8 +355,9 @@ def bench(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     from taut.bench.matrix import load_bench, run_bench
+    from taut.builtin_recipes import resolve_recipe
 
-    bench_cfg = load_bench(config, quick=quick)
+    bench_cfg = load_bench(resolve_recipe(config), quick=quick)
     out = out or Path("runs") / ("bench-quick" if quick else "bench")
     command = f"taut bench --config {config}" + (" --quick" if quick else "") + f" --out {out}"
     target = write or (None if quick else Path("BENCHMARKS.md"))
@@ -262,7 +369,7 @@ def bench(ctx: typer.Context,
         t.add_row(r["method"], str(r["seeds"]), f"{r['accuracy']:.3f}", f"{r['tokens']:.1f}", f"{100 * r['length_change']:+.1f}%",
                   f"{100 * r['accuracy_change']:+.1f}", f"{100 * r['held_length_change']:+.1f}%", f"{100 * r['held_accuracy_change']:+.1f}")
     out_console.print(t)
-    out_console.print(f"results: {out / 'bench.json'}" + (f"; {target}" if target else ""))
+    _next(f"results: {out / 'bench.json'}" + (f"; {target}" if target else ""), f"taut compare {out}/<method>/seed<N> ... --out {out}/compare")
 
 
 @bench_app.command("speed")
@@ -313,10 +420,13 @@ def failure(err: BaseException) -> tuple[int, str] | None:
     from taut.checkpoint import CheckpointError, NonFiniteCheckpointError
     from taut.rl.guard import TrainingDiverged
     from taut.rundir import RunDirError
+    from taut.trackers import TrackerMissing
 
+    if isinstance(err, TrackerMissing):
+        return EXIT_ERROR, str(err)
     if isinstance(err, (TrainingDiverged, NonFiniteCheckpointError)):
         return EXIT_DIVERGED, str(err)
-    if isinstance(err, (ConfigError, CheckpointError, RunDirError, ValueError)):
+    if isinstance(err, (CheckpointError, RunDirError, ValueError)):          # ConfigError is a ValueError
         return EXIT_ERROR, str(err)
     if isinstance(err, OSError):
         return EXIT_ERROR, _os_error(err)

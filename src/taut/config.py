@@ -263,6 +263,8 @@ class RunConfig(Strict):
     selection: SelectionConfig = Field(default_factory=lambda: SelectionConfig(criterion="last"),
                                        description="which validated checkpoint the run stands for (selection.json)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    report_to: list[Literal["wandb", "tensorboard", "trackio"]] = Field(
+        default_factory=list, description="experiment trackers that receive every metrics.jsonl record (extras: tracking)")
 
     @model_validator(mode="after")
     def _plan(self):
@@ -325,16 +327,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), model
             raise ConfigError(f"{source}: not valid YAML: {err}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: a recipe must be a mapping of sections, got {type(raw).__name__}")
+    overridden: dict[tuple, str] = {}
     for item in overrides:
-        apply_override(raw, item)
+        overridden[apply_override(raw, item)] = item
     try:
         return model.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_explain(err, model, source, lines, raw)) from None
+        raise ConfigError(_explain(err, model, source, lines, raw, overridden)) from None
 
 
-def apply_override(raw: dict, item: str) -> None:
-    """Apply one `key.path=value` override in place; the value is parsed as YAML."""
+def apply_override(raw: dict, item: str) -> tuple[str, ...]:
+    """Apply one `key.path=value` override in place; the value is parsed as YAML. Returns the key path."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {item!r}: expected key.path=value")
@@ -349,6 +352,7 @@ def apply_override(raw: dict, item: str) -> None:
         node[part] = child
         node = child
     node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return tuple(parts)
 
 
 def to_yaml(config: BaseModel) -> str:
@@ -374,11 +378,12 @@ def _key_lines(text: str) -> dict[tuple, int]:
     return out
 
 
-def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: dict[tuple, int], raw: dict) -> str:
+def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: dict[tuple, int], raw: dict,
+             overridden: dict[tuple, str]) -> str:
     messages = []
     for e in err.errors():
         loc = _data_path(e["loc"], raw)
-        where = f"{source}:{lines[loc]}" if loc in lines else source
+        where = _blame(loc, source, lines, overridden)
         dotted = ".".join(str(p) for p in loc) or "<top level>"
         if e["type"] == "extra_forbidden":
             valid = _valid_keys(model, e["loc"][:-1], raw)
@@ -392,6 +397,15 @@ def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: d
         else:
             messages.append(f"{where}: {dotted}: {e['msg']} (got {e.get('input')!r})")
     return "invalid configuration:\n  " + "\n  ".join(messages)
+
+
+def _blame(loc: tuple, source: str, lines: dict[tuple, int], overridden: dict[tuple, str]) -> str:
+    """Where a bad value came from: the last `--set` that wrote it (or a key above it), else the
+    recipe line, else the recipe."""
+    for path, item in reversed(overridden.items()):
+        if loc[:len(path)] == path:
+            return f"--set {item}"
+    return f"{source}:{lines[loc]}" if loc in lines else source
 
 
 def _data_path(loc: tuple, raw: dict) -> tuple:

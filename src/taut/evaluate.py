@@ -17,15 +17,16 @@ import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from rich import box
 from rich.table import Table
 
 from taut.config import EvalConfig
 from taut.metrics import histogram, mean, pass_at_k, percentile
 from taut.models import Policy
-from taut.rollout import RolloutEngine, SamplingParams, build_engine
+from taut.rollout import RolloutEngine, Rollouts, SamplingParams, build_engine
 from taut.tasks import Problem, Task
 from taut.tasks.base import OracleTask
 
@@ -62,15 +63,30 @@ def generate_and_grade(
     response_prefix: list[int] | None = None,
     ban_first: list[int] | None = None,
     problems: list[tuple[Task, Problem]] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Sample]:
-    """Sample `cfg.samples` responses per problem and grade them."""
+    """Sample `cfg.samples` responses per problem and grade them.
+
+    With `progress`, problems are generated in batches of `cfg.batch_size // cfg.samples` (the
+    chunks an engine built with `max_rows=cfg.batch_size` generates in anyway, so the samples do
+    not change) and `progress(problems done)` is called after each.
+    """
     engine = engine or build_engine("hf", policy, max_rows=cfg.batch_size)
     if problems is None:
         problems = [(task, p) for task in tasks for p in task.problems(cfg.split, cfg.n_per_level, seed)]
     generator = torch.Generator(device=policy.model.device).manual_seed(seed)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
     prompts = [policy.encode_prompt(p.prompt) for _, p in problems]
-    rollouts = engine.generate(prompts, cfg.samples, params, generator, response_prefix=response_prefix, ban_first=ban_first)
+    per_call = max(1, cfg.batch_size // cfg.samples) if progress else max(1, len(prompts))
+    rollouts = Rollouts([], [], [])
+    for start in range(0, len(prompts), per_call):
+        chunk = engine.generate(prompts[start:start + per_call], cfg.samples, params, generator,
+                                response_prefix=response_prefix, ban_first=ban_first)
+        rollouts.prompt_index += [start + i for i in chunk.prompt_index]
+        rollouts.tokens += chunk.tokens
+        rollouts.truncated += chunk.truncated
+        if progress:
+            progress(min(start + per_call, len(prompts)))
     out = []
     for row, tokens in enumerate(rollouts.tokens):
         task, problem = problems[rollouts.prompt_index[row]]
@@ -180,9 +196,12 @@ def finite(value: Any) -> Any:
 
 
 def table(result: dict[str, Any], title: str = "evaluation") -> Table:
-    t = Table(title=title)
-    for col in ("domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "redund.", "thinks", "rounds"):
-        t.add_column(col, justify="right" if col != "domain/level" else "left")
+    """Per domain/level, then in-domain, held-out and overall; fits 80 columns."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
+              caption="pass@k: k = samples per problem; trunc: share hitting the cap; redund: redundant-token share",
+              caption_justify="left")
+    for col in ("domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "redund", "thinks", "rounds"):
+        t.add_column(col, justify="right" if col != "domain/level" else "left", no_wrap=True)
 
     def row(name, s, style=None):
         pk = s.get("pass_at_k", {})

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -35,9 +36,11 @@ class MetricsLog:
     atomically.
     """
 
-    def __init__(self, path: Path, resume_step: int | None = None, committed: int | None = None):
+    def __init__(self, path: Path, resume_step: int | None = None, committed: int | None = None,
+                 forward: Callable[[dict[str, Any]], None] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.forward = forward            # also send each record here (the experiment trackers)
         self.lines = 0
         if resume_step is None and committed is None:
             self.path.write_text("")
@@ -59,6 +62,8 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self.lines += 1
+        if self.forward is not None:
+            self.forward(record)
 
 
 def _complete_lines(path: Path) -> list[str]:
@@ -88,12 +93,25 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 class StepProgress:
-    """A rich progress bar showing the newest step's headline numbers; silent when quiet."""
+    """Progress of a loop over steps, on stderr; silent when quiet.
 
-    def __init__(self, total: int, description: str, quiet: bool = False, start: int = 0):
+    On a terminal: a rich bar with the newest step's numbers. Without one (nohup, a batch
+    scheduler, a pipe): one plain line at the first step, then every `every_s` seconds
+    (default 30; the environment variable TAUT_PROGRESS_SECONDS overrides it) and at the last
+    step, with steps/s and the time left. `update(step, **fields)` takes numbers (printed with
+    3 significant digits) and text (a phase name, printed as is); None is left out.
+    """
+
+    def __init__(self, total: int, description: str, quiet: bool = False, start: int = 0,
+                 every_s: float | None = None, unit: str = "step"):
+        self.total, self.description, self.start, self.unit = total, description, start, unit
         self.quiet = quiet
         self.progress = None
-        if not quiet:
+        self.plain = not quiet and not console.is_terminal
+        self.every_s = float(os.environ.get("TAUT_PROGRESS_SECONDS", 30)) if every_s is None else every_s
+        self.t0 = time.monotonic()
+        self.last_line: float | None = None
+        if not quiet and not self.plain:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -110,7 +128,29 @@ class StepProgress:
         if self.progress:
             self.progress.__exit__(*exc)
 
-    def update(self, step: int, **fields: float) -> None:
+    def update(self, step: int, **fields: float | str | None) -> None:
         if self.progress:
-            info = "  ".join(f"{k} {v:.3g}" for k, v in fields.items() if v is not None)
-            self.progress.update(self.task, completed=step, info=info)
+            self.progress.update(self.task, completed=step, info=format_fields(fields))
+        elif self.plain:
+            now = time.monotonic()
+            if self.last_line is None or now - self.last_line >= self.every_s or step >= self.total:
+                self.last_line = now
+                print(self.line(step, fields, now - self.t0), file=sys.stderr, flush=True)
+
+    def line(self, step: int, fields: dict[str, float | str | None], elapsed: float) -> str:
+        """The plain progress line: `rl step 12/120  reward 0.61  … 0.42 steps/s  ETA 4m17s`."""
+        done = step - self.start
+        rate = done / elapsed if elapsed > 0 and done > 0 else None
+        pace = f"{rate:.3g} {self.unit}s/s  ETA {_duration((self.total - step) / rate)}" if rate else "ETA –"
+        return "  ".join(x for x in (f"{self.description} {self.unit} {step}/{self.total}", format_fields(fields), pace) if x)
+
+
+def format_fields(fields: dict[str, float | str | None]) -> str:
+    return "  ".join(f"{k} {v:.3g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in fields.items() if v is not None)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"

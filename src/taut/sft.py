@@ -20,6 +20,7 @@ from taut.config import RunConfig, to_yaml
 from taut.models import Policy, load_policy, resume_policy
 from taut.rl.guard import NonFiniteGuard
 from taut.runlog import MetricsLog, StepProgress, console
+from taut.trackers import open_trackers
 
 
 def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float) -> float:
@@ -137,11 +138,12 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=sft.betas, weight_decay=sft.weight_decay)
     if start:
         load_optimizer(optimizer, ckpt)
-    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None)
+    trackers = open_trackers(config, run_dir, resume_step=start if start else None)
+    log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
     guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips)
 
     tokens_seen, t0, window_loss, window_tokens = 0, time.perf_counter(), 0.0, 0
-    with StepProgress(sft.steps, "sft", quiet, start) as progress:
+    with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:
         for step in range(start, sft.steps):
             lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
             for group in optimizer.param_groups:

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from taut.config import RunConfig
 from taut.runlog import console
@@ -25,8 +27,11 @@ def load_for_eval(config: RunConfig, target: Path):
     return policy, checkpoint
 
 
-def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], **generate_kwargs):
+def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool = True, **generate_kwargs):
+    """Generate and grade the eval tasks; a progress display per batch of problems unless quiet."""
     from taut.evaluate import generate_and_grade, report
+    from taut.rollout import build_engine
+    from taut.runlog import StepProgress
     from taut.tasks import load_task
     from taut.tasks.files import PromptLimit
 
@@ -34,15 +39,40 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], **generate_
     limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, max_new)
     tasks = [load_task(spec, config.data.levels, limit) for spec in (config.eval.tasks or config.data.eval)]
     t0 = time.perf_counter()
-    from taut.rollout import build_engine
-
     engine = build_engine(config.rl.engine, policy, max_rows=config.eval.batch_size)
-    samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, **generate_kwargs)
+    problems = [(task, p) for task in tasks for p in task.problems(config.eval.split, config.eval.n_per_level, config.seed)]
+    with StepProgress(len(problems), "eval", quiet=quiet, unit="problem") as bar:
+        samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, problems=problems,
+                                     progress=bar.update, **generate_kwargs)
     result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0})
     return result, samples
 
 
-def evaluate_target(config: RunConfig, target: Path, out: Path | None = None) -> tuple[dict, Path]:
+def evaluation_path(target: Path) -> Path:
+    """Where `taut eval TARGET` writes by default: RUN/eval/<checkpoint>.json for a run (or one
+    of its checkpoints), else <model dir>/eval/<name>.json."""
+    from taut.models import resolve_model_path
+
+    target = Path(target)
+    checkpoint = Path(resolve_model_path(str(target)))
+    if (target / "checkpoints").is_dir():
+        run_dir = target
+    elif checkpoint.parent.name == "checkpoints":
+        run_dir = checkpoint.parent.parent
+    else:
+        run_dir = checkpoint
+    return run_dir / "eval" / f"{checkpoint.name}.json"
+
+
+def start_checkpoint(target: Path) -> Path | None:
+    """A run's first checkpoint (step 0, the model it started from), if it has one."""
+    from taut.checkpoint import step_name
+
+    first = Path(target) / "checkpoints" / step_name(0)
+    return first if first.is_dir() else None
+
+
+def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, quiet: bool = True) -> tuple[dict, Path]:
     from taut.evaluate import write_report
 
     policy, checkpoint = load_for_eval(config, target)
@@ -51,17 +81,15 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None) ->
         from taut.checkpoint import read_state
 
         meta["step"] = read_state(checkpoint)["step"]
-    result, samples = evaluate_policy(config, policy, meta)
-    if out is None:
-        run_dir = Path(target) if (Path(target) / "checkpoints").is_dir() else checkpoint
-        out = run_dir / "eval" / f"{checkpoint.name}.json"
+    result, samples = evaluate_policy(config, policy, meta, quiet=quiet)
+    out = Path(out or evaluation_path(target))
     write_report(result, out, samples)
-    return result, Path(out)
+    return result, out
 
 
-def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
+def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> tuple[Path, Path]:
     """RL from the shipped SFT checkpoint on the testbed, evaluated at the start and at the end
-    of every phase, then the report."""
+    of every phase, then the report. Returns the run directory and the report's path."""
     import json
 
     from taut.checkpoint import step_name
@@ -79,46 +107,61 @@ def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> Path:
     results = []
     for label, step in stages:
         checkpoint = run_dir / "checkpoints" / step_name(step)
-        result, _ = evaluate_target(config, checkpoint, run_dir / "eval" / f"{checkpoint.name}.json")
+        result, _ = evaluate_target(config, checkpoint, run_dir / "eval" / f"{checkpoint.name}.json", quiet=quiet)
         results.append((label, result))
     console.print(stages_table(results))
     report = write_run_report(run_dir)
-    console.print(f"demo finished in {time.perf_counter() - t0:.0f} s; run directory: [bold]{run_dir}[/bold]")
-    console.print(f"report: [bold]{report}[/bold]")
-    return run_dir
+    console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
+    return run_dir, report
 
 
 def stages_table(results: list[tuple[str, dict]]) -> Table:
-    """Accuracy and tokens at each stage, overall and on the easiest and hardest levels."""
-    t = Table(title="the testbed, sampled at temperature 1 (test split)")
-    for col in ("stage", "acc", "tokens", "redund.", "held-out acc", "held-out tok", "L1 tok", "L4 acc"):
-        t.add_column(col, justify="right")
+    """Accuracy and tokens at each stage, overall and on the easiest and hardest levels; each
+    stage's change against the one before it. Fits 80 columns."""
+    t = Table(title="the testbed, sampled at temperature 1 (test split)", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1),
+              pad_edge=False, caption="Δ: vs. the stage before; held: held-out domains; L1/L4: easiest/hardest level",
+              caption_justify="left")
+    for col in ("stage", "acc", "Δacc", "tokens", "Δtok", "redund", "held\nacc", "held\ntok", "L1\ntok", "L4\nacc"):
+        t.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True)
+    previous = None
     for label, r in results:
-        levels = r["by_level"]
-        t.add_row(label, f"{r['overall']['accuracy']:.3f}", f"{r['overall']['tokens_mean']:.1f}",
-                  f"{r['overall'].get('redundancy', 0):.2f}", f"{r['held_out']['accuracy']:.3f}",
+        levels, overall = r["by_level"], r["overall"]
+        delta_acc = delta_tok = ""
+        if previous is not None:
+            delta_acc = f"{100 * (overall['accuracy'] - previous['accuracy']):+.1f}pp"
+            delta_tok = f"{100 * (overall['tokens_mean'] / previous['tokens_mean'] - 1):+.1f}%"
+        t.add_row(label, f"{overall['accuracy']:.3f}", delta_acc, f"{overall['tokens_mean']:.1f}", delta_tok,
+                  f"{overall.get('redundancy', 0):.2f}", f"{r['held_out']['accuracy']:.3f}",
                   f"{r['held_out']['tokens_mean']:.1f}", f"{levels['1']['tokens_mean']:.1f}", f"{levels['4']['accuracy']:.3f}")
+        previous = overall
     return t
 
 
-def preview(domain: str, difficulty: int, n: int, seed: int) -> str:
+def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
+    """Testbed examples, one labelled row per part; long parts wrap under their own column."""
     from taut.tasks.gym.task import GymTask, TraceMixture
 
     task = GymTask([domain], levels=(difficulty,))
     rng = random.Random(seed)
-    lines = []
-    for _ in range(n):
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for i in range(n):
         instance = task.sample_instance(rng, "train")
         minimal = instance.minimal_response()
-        lines += [
-            f"prompt     {instance.prompt()}",
-            f"answer     {' '.join(instance.domain.answer_words(instance.operands))}",
-            f"minimal    {' '.join(minimal)} <eos>   ({instance.necessary_length()} tokens, {len(instance.necessary_steps())} necessary steps)",
-            f"full trace {' '.join(instance.render(think=True))} <eos>",
-            f"SFT sample {' '.join(TraceMixture().render(instance, rng))} <eos>",
-            "",
-        ]
-    return "\n".join(lines)
+        if i:
+            grid.add_row("", "")
+        parts = {
+            "prompt": instance.prompt(),
+            "answer": " ".join(instance.domain.answer_words(instance.operands)),
+            "minimal": f"{' '.join(minimal)} <eos>   ({instance.necessary_length()} tokens, "
+                       f"{len(instance.necessary_steps())} necessary steps)",
+            "full trace": f"{' '.join(instance.render(think=True))} <eos>",
+            "SFT sample": f"{' '.join(TraceMixture().render(instance, rng))} <eos>",
+        }
+        for label, text in parts.items():
+            grid.add_row(label, Text(text))
+    return grid
 
 
 def data_stats(config: RunConfig, n: int = 400) -> dict[str, Any]:

@@ -50,13 +50,14 @@ TRAINING_PANELS = [
     ("entropy", "Policy entropy", "nats per response token", None),
     ("grad_norm", "Gradient norm", "L2 norm before clipping", None),
 ]
+# short axis labels (the panels are stacked two by two): what the share is of goes in the title
 STRATEGY_PANELS = [
-    ("mastered_frac", "Mastered prompts", "share of the prompt pool"),
-    ("gate_open", "Gate open", "share of groups the gate lets in"),
-    ("penalised_frac", "Penalised rollouts", "share of rollouts penalised"),
-    ("penalty_mean", "Mean penalty", "reward removed per penalised rollout"),
+    ("mastered_frac", "Mastered prompts, share of the pool", "share"),
+    ("gate_open", "Gate open, share of groups let in", "share"),
+    ("penalised_frac", "Penalised rollouts, share", "share"),
+    ("penalty_mean", "Mean penalty per penalised rollout", "reward"),
     ("safe_len_mean", "Safe length", "tokens"),
-    ("kept_frac", "Kept samples", "share kept for on-policy SFT"),
+    ("kept_frac", "Kept for on-policy SFT, share", "share"),
 ]
 NEEDS_TWO = ("every run has a single evaluated checkpoint; evaluate its first one too, e.g. "
              "`taut eval RUN/checkpoints/step-000000 --out RUN/eval/step-000000.json`.")
@@ -257,15 +258,26 @@ def phase_spans(records: list[dict[str, Any]]) -> list[tuple[str, float, float]]
     return spans
 
 
+def fixed_cap(runs: list[RunResults]) -> float | None:
+    """The rollout cap when every run logged the same one at every step (a flat L(t) panel says
+    nothing a sentence cannot); None when it moves or differs between runs."""
+    caps = {v for r in runs for v in series(r.metrics, "cap")[1]}
+    return caps.pop() if len(caps) == 1 else None
+
+
 def training_dynamics(runs: list[RunResults], colors: list[str]) -> Drawn | Omitted:
     if not any(series(r.metrics, key)[0] for r in runs for key, *_ in TRAINING_PANELS):
         return Omitted("training_dynamics", "Training dynamics", "no run has a training log (RUN/metrics.jsonl).")
-    fig, data = _step_panels(runs, colors, TRAINING_PANELS)
+    cap = fixed_cap(runs)
+    panels = [p for p in TRAINING_PANELS if not (p[0] == "cap" and cap is not None)]
+    fig, data = _step_panels(runs, colors, panels)
+    data["fixed_cap"] = cap
     return Drawn(
         "training_dynamics", "Training dynamics",
         "The per-step training log (metrics.jsonl). Length and accuracy are measured on each step's own rollouts; "
         "validation points, where logged, on problems held back from training. Shaded bands (or dashed lines "
-        "in the run's colour) mark curriculum phases.",
+        "in the run's colour) mark curriculum phases."
+        + (f" The rollout cap L(t) stayed at {cap:g} tokens throughout (not drawn)." if cap is not None else ""),
         fig, data,
     )
 
@@ -448,6 +460,8 @@ def _signed(v: float, unit: str) -> str:
 
 
 def length_histograms(runs: list[RunResults], colors: list[str]) -> Drawn:
+    """Bins are as wide as their token range (8, 8, 8, 8, 16, 16, 32, … tokens) and bar heights are
+    shares per token, so a bar's area is its share of responses."""
     edges = runs[0].chosen.result["length_hist"]["edges"]
     last_used = 0
     for run in runs:
@@ -462,6 +476,8 @@ def length_histograms(runs: list[RunResults], colors: list[str]) -> Drawn:
     labels = [f"{edges[i]}–{edges[i + 1]}" for i in bins]
     if last_used == len(edges) - 2:
         labels[-1] = f"≥{edges[last_used]}"
+    left = [edges[i] for i in bins]
+    width = [edges[i + 1] - edges[i] for i in bins]
     cols = 2 if len(runs) in (2, 4) else min(3, len(runs))
     rows = math.ceil(len(runs) / cols)
     fig = _figure(11.0 if cols > 1 else 8.0, (3.6 if cols < 3 else 3.2) * rows + 0.5)
@@ -471,28 +487,28 @@ def length_histograms(runs: list[RunResults], colors: list[str]) -> Drawn:
         h, h0 = run.chosen.result["length_hist"], run.first.result["length_hist"]
         total = sum(h["correct"]) + sum(h["wrong"])
         total0 = sum(h0["correct"]) + sum(h0["wrong"])
-        correct = [h["correct"][i] / total if total else 0.0 for i in bins]
-        wrong = [h["wrong"][i] / total if total else 0.0 for i in bins]
-        ax.bar(bins, correct, 0.82, color=CORRECT)
-        ax.bar(bins, wrong, 0.82, bottom=correct, color=WRONG)
+        correct = [h["correct"][i] / total / width[j] if total else 0.0 for j, i in enumerate(bins)]
+        wrong = [h["wrong"][i] / total / width[j] if total else 0.0 for j, i in enumerate(bins)]
+        ax.bar(left, correct, width, align="edge", color=CORRECT, edgecolor="white", linewidth=0.8)
+        ax.bar(left, wrong, width, align="edge", bottom=correct, color=WRONG, edgecolor="white", linewidth=0.8)
         record = {"label": run.label, "checkpoint": run.chosen.checkpoint,
                   "correct": [h["correct"][i] for i in bins], "wrong": [h["wrong"][i] for i in bins]}
         if run.has_progress():
-            first = [(h0["correct"][i] + h0["wrong"][i]) / total0 if total0 else 0.0 for i in bins]
-            ax.step([b - 0.5 for b in bins] + [bins[-1] + 0.5], first + first[-1:], where="post", color="#222222",
-                    lw=1.3)
+            first = [(h0["correct"][i] + h0["wrong"][i]) / total0 / width[j] if total0 else 0.0 for j, i in enumerate(bins)]
+            ax.step(left + [edges[bins[-1] + 1]], first + first[-1:], where="post", color="#222222", lw=1.3)
             record.update({"first_checkpoint": run.first.checkpoint,
                            "first_total": [h0["correct"][i] + h0["wrong"][i] for i in bins]})
         ax.set_title(f"{run.label} ({run.chosen.checkpoint})", loc="left", color=color)
-        crowded = len(bins) * cols > 18
-        ax.set_xticks(bins, labels, rotation=45 if crowded else 0, ha="right" if crowded else "center",
-                      rotation_mode="anchor", fontsize=8.5)
+        ticks = edges[:last_used + 2]
+        ax.set_xticks(ticks, [str(t) for t in ticks[:-1]] + [labels[-1] if labels[-1].startswith("≥") else str(ticks[-1])],
+                      fontsize=8.5)
+        ax.set_xlim(0, ticks[-1])
         ax.set_xlabel("response length (tokens)")
         ax.grid(axis="x", visible=False)
         _percent_axis(ax.yaxis)
         data["runs"].append(record)
     for ax in axes[::cols]:
-        ax.set_ylabel("share of responses")
+        ax.set_ylabel("share of responses per token")
     for ax in axes[len(runs):]:
         ax.set_visible(False)
     handles = [Patch(color=CORRECT, label="correct"), Patch(color=WRONG, label="wrong")]
@@ -501,9 +517,10 @@ def length_histograms(runs: list[RunResults], colors: list[str]) -> Drawn:
     fig.legend(handles=handles, loc="outside upper center", ncols=len(handles))
     return Drawn(
         "length_histograms", "Response lengths, correct vs. wrong",
-        "Lengths of the chosen checkpoint's responses, split into correct and wrong (stacked, as a share of all "
-        "responses); the black outline is the first evaluated checkpoint. Long wrong responses are the usual "
-        "sign of overthinking or of hitting the generation cap.",
+        "Lengths of the chosen checkpoint's responses, split into correct and wrong (stacked). Bins are as wide "
+        "as the token ranges they cover (8 tokens up to 32, then wider), and heights are shares per token, so "
+        "each bar's area is its share of all responses; the black outline is the first evaluated checkpoint. "
+        "Long wrong responses are the usual sign of overthinking or of hitting the generation cap.",
         fig, data,
     )
 

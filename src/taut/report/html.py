@@ -44,6 +44,9 @@ section.omitted { padding: 14px 24px; }
 section.omitted h2 { font-size: 16px; color: var(--muted); }
 section.omitted p.caption { margin: 0; }
 footer { color: var(--muted); font-size: 13px; margin-top: 22px; }
+p.headline { font-size: 16px; margin: 4px 0 12px; }
+h3 { font-size: 15px; margin: 20px 0 4px; }
+td.text, th.text { text-align: left; }
 """
 
 
@@ -90,9 +93,10 @@ def _summary(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     for i, (run, row) in enumerate(zip(runs, rows)):
         cells = "".join(
             f'<td{" class=best" if i in best[c.key] else ""}>{html.escape(formatted(row, c))}</td>' for c in COLUMNS)
+        over = f'<span class="sub">Δ: {html.escape(row["change_over"])}</span>' if row["change_over"] else ""
         name = (f'<span class="swatch" style="background:{run["color"]}"></span>{html.escape(row["label"])}'
                 f'<span class="sub">{html.escape(row["chosen"])}'
-                f'{" (selected)" if row["selected"] == row["chosen"] else ""}</span>')
+                f'{" (selected)" if row["selected"] == row["chosen"] else ""}</span>{over}')
         body.append(f"<tr><td>{name}</td>{cells}</tr>")
     details = "".join(
         f"<dt><span class=\"swatch\" style=\"background:{run['color']}\"></span>{html.escape(row['label'])}</dt>"
@@ -102,13 +106,48 @@ def _summary(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
         for run, row in zip(runs, rows))
     return (
         '<section id="summary"><h2>Side by side</h2>'
-        '<p class="caption">Each run at its chosen checkpoint (the one its curriculum selected, else its latest '
-        "evaluated). Δ columns compare it with the run's first evaluated checkpoint; pp = percentage points. "
+        + "".join(_headline(run, row) for run, row in zip(runs, rows))
+        + '<p class="caption">Each run at its chosen checkpoint (the one its curriculum selected, else its latest '
+        "evaluated). Δ columns show the change its headline phase made — a curriculum's compression phase against "
+        "the phase before it; a run without phases against its first evaluated checkpoint; pp = percentage points. "
         "Highlighted: the best value in each column.</p>"
         f'<div class="table-wrap"><table><thead><tr><th>run</th>{head}</tr></thead>'
         f'<tbody>{"".join(body)}</tbody></table></div>'
-        f'<dl class="runs">{details}</dl></section>'
+        + _phases_table(runs, rows)
+        + f'<dl class="runs">{details}</dl></section>'
     )
+
+
+def _headline(run: dict[str, Any], row: dict[str, Any]) -> str:
+    """One sentence: what the run's headline phase did to length and accuracy."""
+    h = row["headline"]
+    if not h:
+        return ""
+    return (f'<p class="headline"><span class="swatch" style="background:{run["color"]}"></span>'
+            f'<b>{html.escape(row["label"])}</b> — {html.escape(h["over"])}: tokens {h["tokens_before"]:.1f} → '
+            f'{h["tokens_mean"]:.1f} (<b>{h["tokens_change_pct"]:+.1f}%</b>), accuracy {100 * h["accuracy_before"]:.1f}% → '
+            f'{100 * h["accuracy"]:.1f}% (<b>{h["accuracy_change_pp"]:+.1f}pp</b>)</p>')
+
+
+def _phases_table(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """Per curriculum phase, its change against the phase before it (runs with evaluated phases)."""
+    body = []
+    for run, row in zip(runs, rows):
+        for p in row["phases"] if len(row["phases"]) > 1 else []:
+            body.append(
+                f'<tr><td><span class="swatch" style="background:{run["color"]}"></span>{html.escape(row["label"])}</td>'
+                f'<td class="text">{html.escape(p["phase"])}<span class="sub">{html.escape(p["strategy"])}'
+                f'{"" if p["ended_by"] == "steps" else ", stopped by " + html.escape(p["ended_by"])}</span></td>'
+                f'<td>{p["start_step"]}–{p["end_step"]}</td><td>{100 * p["accuracy"]:.1f}%</td>'
+                f'<td>{p["accuracy_change_pp"]:+.1f}pp</td><td>{p["tokens_mean"]:.1f}</td>'
+                f'<td>{p["tokens_change_pct"]:+.1f}%</td></tr>')
+    if not body:
+        return ""
+    return ('<h3>By phase</h3><p class="caption">Each curriculum phase against the phase before it (the first against '
+            "the start), from the evaluations of the checkpoints at its two ends.</p>"
+            '<div class="table-wrap"><table class="phases"><thead><tr><th>run</th><th class="text">phase</th><th>steps</th>'
+            "<th>accuracy</th><th>Δ accuracy</th><th>mean tokens</th><th>Δ tokens</th></tr></thead>"
+            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def _code(text: str) -> str:

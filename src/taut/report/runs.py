@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from taut.runlog import read_metrics
 log = logging.getLogger(__name__)
 
 EVAL_DIR = "eval"
+CURRICULUM = "curriculum.json"
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RunResults:
     chosen: Evaluation                     # the selected checkpoint if evaluated, else the latest evaluated
     selected: str | None                   # the name in selection.json, if any
     metrics: list[dict[str, Any]]          # metrics.jsonl records, in file order
+    phases: list[dict[str, Any]] = field(default_factory=list)   # curriculum.json phases: name, start/end step, strategy
 
     @property
     def first(self) -> Evaluation:
@@ -50,6 +52,9 @@ class RunResults:
     def has_progress(self) -> bool:
         """Whether the chosen checkpoint differs from the first one (so changes can be reported)."""
         return self.chosen.step != self.first.step
+
+    def at_step(self, step: int) -> Evaluation | None:
+        return next((e for e in self.evaluations if e.step == step), None)
 
 
 def load_run(run_dir: Path, label: str) -> RunResults:
@@ -67,7 +72,9 @@ def load_run(run_dir: Path, label: str) -> RunResults:
         log.warning("run %s selected %s but it has no evaluation; reporting the latest evaluated checkpoint, %s",
                     run_dir, selected, evaluations[-1].checkpoint)
     chosen = by_name.get(selected, evaluations[-1])
-    return RunResults(label, run_dir, evaluations, chosen, selected, read_metrics(run_dir))
+    curriculum = run_dir / CURRICULUM
+    phases = json.loads(curriculum.read_text())["phases"] if curriculum.exists() else []
+    return RunResults(label, run_dir, evaluations, chosen, selected, read_metrics(run_dir), phases)
 
 
 def read_evaluations(run_dir: Path) -> list[Evaluation]:

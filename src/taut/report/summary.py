@@ -1,4 +1,11 @@
-"""The side-by-side table: one row per run, its chosen checkpoint against its first one."""
+"""The side-by-side table: one row per run at its chosen checkpoint, with the change a run's
+headline phase made; and per curriculum phase, its change against the phase before it.
+
+A run trained in phases (curriculum.json) is judged by what each phase did: the accuracy phase
+against the start, the compression phase against the accuracy phase. Its headline is the last
+phase with a length strategy (not `none`) whose two ends were evaluated; a run without phases,
+or without those evaluations, is judged from its first evaluated checkpoint to its chosen one.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ from typing import Any, Callable
 from rich import box
 from rich.table import Table
 
-from taut.report.runs import RunResults, change_pct, value
+from taut.report.runs import Evaluation, RunResults, change_pct, value
 
 
 @dataclass(frozen=True)
@@ -42,10 +49,10 @@ COLUMNS = [
     Column("accuracy", "accuracy", _pct, "max", "mean over all samples, all evaluated tasks", "acc"),
     Column("tokens_mean", "mean tokens", _tokens, "min", "mean response length in tokens", "tokens"),
     Column("tokens_p90", "p90 tokens", _tokens, "min", "90th percentile of response length", "p90"),
-    Column("tokens_change_pct", "Δ tokens", _change, "min", "change of mean tokens vs. the first evaluated checkpoint",
-           "Δtok"),
-    Column("accuracy_change_pp", "Δ accuracy", _points, "max", "change of accuracy vs. the first evaluated checkpoint",
-           "Δacc"),
+    Column("tokens_change_pct", "Δ tokens", _change, "min",
+           "change of mean tokens over the headline phase (else vs. the first evaluated checkpoint)", "Δtok"),
+    Column("accuracy_change_pp", "Δ accuracy", _points, "max",
+           "change of accuracy over the headline phase (else vs. the first evaluated checkpoint)", "Δacc"),
     Column("redundancy", "redundancy", _pct, "min", "share of tokens the task's oracle marks redundant", "redund"),
     Column("in_domain_accuracy", "in-domain acc.", _pct, "max", "accuracy on the domains RL trained on"),
     Column("in_domain_tokens", "in-domain tokens", _tokens, "min", "mean tokens on the domains RL trained on"),
@@ -56,9 +63,10 @@ COLUMNS = [
 
 def summary_row(run: RunResults) -> dict[str, Any]:
     """The table's numbers for one run (nan where undefined)."""
-    overall, first = run.chosen.result["overall"], run.first.result["overall"]
-    moved = run.has_progress()
+    overall = run.chosen.result["overall"]
     in_domain, held_out = run.chosen.result["in_domain"], run.chosen.result["held_out"]
+    phases = phase_changes(run)
+    headline = headline_change(run, phases)
     return {
         "label": run.label,
         "run_dir": str(run.run_dir),
@@ -70,8 +78,11 @@ def summary_row(run: RunResults) -> dict[str, Any]:
         "accuracy": value(overall, "accuracy"),
         "tokens_mean": value(overall, "tokens_mean"),
         "tokens_p90": value(overall, "tokens_p90"),
-        "tokens_change_pct": change_pct(value(first, "tokens_mean"), value(overall, "tokens_mean")) if moved else math.nan,
-        "accuracy_change_pp": 100 * (value(overall, "accuracy") - value(first, "accuracy")) if moved else math.nan,
+        "tokens_change_pct": headline["tokens_change_pct"] if headline else math.nan,
+        "accuracy_change_pp": headline["accuracy_change_pp"] if headline else math.nan,
+        "change_over": headline["over"] if headline else None,
+        "headline": headline,
+        "phases": phases,
         "redundancy": value(overall, "redundancy"),
         "in_domain_accuracy": value(in_domain, "accuracy"),
         "in_domain_tokens": value(in_domain, "tokens_mean"),
@@ -80,11 +91,47 @@ def summary_row(run: RunResults) -> dict[str, Any]:
     }
 
 
+def _between(before: Evaluation, after: Evaluation) -> dict[str, Any]:
+    b, a = before.result["overall"], after.result["overall"]
+    return {"from": before.checkpoint, "to": after.checkpoint,
+            "accuracy_before": value(b, "accuracy"), "accuracy": value(a, "accuracy"),
+            "tokens_before": value(b, "tokens_mean"), "tokens_mean": value(a, "tokens_mean"),
+            "tokens_change_pct": change_pct(value(b, "tokens_mean"), value(a, "tokens_mean")),
+            "accuracy_change_pp": 100 * (value(a, "accuracy") - value(b, "accuracy"))}
+
+
+def phase_changes(run: RunResults) -> list[dict[str, Any]]:
+    """Per curriculum phase whose start and end checkpoints were evaluated: its change against the
+    phase before it (the first phase: against the start)."""
+    out = []
+    for phase in run.phases:
+        before, after = run.at_step(phase["start_step"]), run.at_step(phase["end_step"])
+        if before is None or after is None or before is after:
+            continue
+        out.append({"phase": phase["name"], "strategy": phase["strategy"], "start_step": phase["start_step"],
+                    "end_step": phase["end_step"], "ended_by": phase.get("ended_by", "steps"), **_between(before, after)})
+    return out
+
+
+def headline_change(run: RunResults, phases: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The change a run is summed up by: its last evaluated phase with a length strategy, else
+    first → chosen checkpoint (None when they are the same checkpoint)."""
+    shaping = [p for p in phases if p["strategy"] != "none"]
+    if shaping:
+        p = shaping[-1]
+        before = phases[phases.index(p) - 1]["phase"] if phases.index(p) > 0 else "the start"
+        return {**p, "over": f"{p['phase']} phase ({p['strategy']}) vs. {before}"}
+    if not run.has_progress():
+        return None
+    return {**_between(run.first, run.chosen), "over": f"{run.first.checkpoint} → {run.chosen.checkpoint}"}
+
+
 def rich_table(rows: list[dict[str, Any]]) -> Table:
     """The side-by-side table for the terminal (rows as in `report.json`: missing values are None)."""
     columns = [c for c in COLUMNS if c.short]
-    t = Table(title="runs at their chosen checkpoint; Δ: vs. their first evaluated one", box=box.SIMPLE_HEAD,
-              padding=(0, 0, 0, 1), pad_edge=False)
+    t = Table(title="runs at their chosen checkpoint", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
+              caption="Δ: what the run's last length-control phase did against the phase before it (runs without "
+                      "phases: first evaluated → chosen checkpoint); per phase: report.html", caption_justify="left")
     t.add_column("run", no_wrap=True)
     for column in columns:
         t.add_column(column.short, justify="right", no_wrap=True)

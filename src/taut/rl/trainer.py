@@ -54,6 +54,7 @@ from taut.rl.rollouts import RolloutBatch, collect
 from taut.rollout import RolloutEngine, build_engine
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import load_task
+from taut.trackers import open_trackers
 from taut.tasks.files import PromptLimit
 
 
@@ -188,13 +189,14 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
         if run.phase_index >= len(plan) and not run.reopen_finished_phase(plan) and not quiet:
             console.print(f"{run_dir}: already finished at step {run.step}; nothing to train "
                           f"(raise rl.steps or add phases with --set to continue it)")
-    log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None)
+    trackers = open_trackers(config, run_dir, resume_step=run.step if ckpt is not None else None)
+    log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None, forward=trackers.log)
     engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode)
     validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
     guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips)
     guard.consecutive = run.nonfinite_in_a_row
 
-    with StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, run.step) as bar:
+    with trackers, StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, run.step) as bar:
         while run.phase_index < len(plan):
             phase = plan[run.phase_index]
             run.strategy = build_strategy(phase.strategy)
@@ -248,7 +250,8 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
                 record |= {"step_time": time.perf_counter() - t_step, "update_time": t_update}
                 log.write(record)
                 failpoints.reach("step-logged", run.step)
-                bar.update(run.step, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"])
+                bar.update(run.step, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"], cap=cap,
+                           phase=phase.name)
                 if validation or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None):
                     run.commit(run_dir, policy, optimizer, log)
                     prune(run_dir, cfg.keep_checkpoints, run)
