@@ -151,8 +151,7 @@ def test_search_is_opt_in_and_selectable_by_name():
 
 def test_search_oracle_agrees_with_the_trace_on_every_generated_problem():
     search = OPT_IN_DOMAINS["search"]
-    level1 = [Instance(search, 1, (v, (), b)) for v in (3, 7, 9) for b in range(10)]   # all of level 1
-    for inst in [*level1, *_search_instances(300)]:
+    for inst in _search_instances(300):
         start, ops, b = inst.operands
         assert len(ops) == search.lengths[inst.level - 1]
         truth = search.solve(inst.operands)
@@ -164,17 +163,20 @@ def test_search_oracle_agrees_with_the_trace_on_every_generated_problem():
         assert [t[2] for t in tries] == [str(d) for d in range(truth + 1)]
         assert [t[-2] == "ok" for t in tries] == [False] * truth + [True]
         assert search.guess_chance(inst.operands) == pytest.approx(0.1)
+        # no shortcut: neither the target nor the forward reading v × b is ever the answer
+        v = int(tries[0][0])
+        assert v in (3, 7) and b not in (0, 5) and truth not in (b, v * b % 10)
 
 
 def test_search_known_values():
     search = OPT_IN_DOMAINS["search"]
-    inst = Instance(search, 2, (3, (("+", 4),), 1))                  # 3 + 4 = 7; 7 × 3 ≡ 1
+    inst = Instance(search, 1, (3, (("+", 4),), 1))                  # 3 + 4 = 7; 7 × 3 ≡ 1
     assert inst.prompt() == "chain 3 + 4 * = 1 = <think>"
     assert search.solve(inst.operands) == 3 and inst.necessary_tries == 4
     assert inst.necessary_steps() == [s.split() for s in ("3 + 4 = 7 ;", "7 * 0 = 0 ;", "7 * 1 = 7 ;", "7 * 2 = 4 ;", "7 * 3 = 1 ok ;")]
     assert inst.round_words() == "check 3 + 4 * 3 = 1 ok".split()
-    assert Instance(search, 1, (9, (), 0)).necessary_tries == 1      # 9 × 0 ≡ 0: the first candidate checks
-    assert Instance(search, 1, (9, (), 1)).necessary_tries == 10     # 9 × 9 ≡ 1: the last
+    assert Instance(search, 1, (4, (("+", 3),), 7)).necessary_tries == 2    # 7 × 1 ≡ 7: the second candidate checks
+    assert Instance(search, 1, (4, (("+", 3),), 3)).necessary_tries == 10   # 7 × 9 ≡ 3: the last
 
 
 def test_search_tries_vary_inside_every_level_and_steps_grow_with_level():
@@ -182,10 +184,10 @@ def test_search_tries_vary_inside_every_level_and_steps_grow_with_level():
     for level in LEVELS:
         insts = [i for i in _search_instances(400, seed=level) if i.level == level]
         tries = {i.necessary_tries for i in insts}
-        assert tries == set(range(1, 11)), (level, tries)
+        assert tries == {2, 3, 4, 5, 7, 8, 9, 10}, (level, tries)     # d ∈ {1, …, 9} \ {5}
         means.append(sum(len(i.necessary_steps()) for i in insts) / len(insts))
-    assert means == sorted(means) and means[-1] > means[0] + 3
-    assert all(m > 4 for m in means)                                 # steps are necessary on level 1 too
+    assert means == sorted(means) and means[-1] > means[0] + 2
+    assert all(m > 5 for m in means)                                 # steps are necessary on level 1 too
 
 
 def test_search_words_are_in_the_vocabulary_and_traces_fit_the_rollout_cap():
@@ -200,7 +202,7 @@ def test_search_words_are_in_the_vocabulary_and_traces_fit_the_rollout_cap():
 
 def test_search_oracle_counts_guesses_and_redundancy():
     search = OPT_IN_DOMAINS["search"]
-    inst = Instance(search, 3, (3, (("+", 4), ("*", 1)), 1))         # 7 × 3 ≡ 1: four tries
+    inst = Instance(search, 2, (3, (("+", 4), ("*", 1)), 1))         # 7 × 3 ≡ 1: four tries
     minimal = analyze(inst, " ".join(inst.minimal_response()), complete=True)
     assert minimal.correct and minimal.redundancy == 0 and minimal.coverage == 1.0
     guess = analyze(inst, "</think> answer 3", complete=True)      # a lucky direct guess is graded correct
@@ -220,9 +222,9 @@ def test_search_oracle_counts_guesses_and_redundancy():
     assert task.verify(p, "</think> answer 3 check 3 + 4 * 1 * 3 = 1 ok", complete=True).correct
 
 
-def test_search_splits_are_disjoint_and_level_one_is_small():
+def test_search_splits_are_disjoint_and_every_level_has_test_problems():
     task = GymTask(["search"])
-    ids = {split: {p.id for p in task.problems(split, 300)} for split in ("train", "validation", "test")}
+    ids = {split: {p.id for p in task.problems(split, 100)} for split in ("train", "validation", "test")}
     assert not ids["train"] & ids["test"] and not ids["validation"] & ids["test"] and not ids["train"] & ids["validation"]
-    level1 = [p for split in ids for p in task.problems(split, 300) if p.difficulty == 1]
-    assert len({p.id for p in level1}) == 30                        # 3 values × 10 targets
+    test = task.problems("test", 100)
+    assert all(sum(p.difficulty == level for p in test) >= 50 for level in LEVELS)

@@ -334,20 +334,26 @@ class Remainder(Domain):
 class MissingOperand(Domain):
     """The missing last operand of a chain modulo 10: `3 + 4 * ? = 1`, found by search.
 
-    The chain before the gap has 0, 1, 2 or 4 operations (+, -, ×, as in `chain`); its value v is
-    3, 7 or 9, so exactly one digit d solves v × d ≡ b (mod 10). The trace computes the chain
-    before the gap, then tries d = 0, 1, 2, … one step per try, and answers after the first try
-    that checks (`ok`). The necessary number of tries is d + 1: it varies from 1 to 10 inside
-    every level, and a direct answer is a guess unless the model can invert the chain in one go
-    (a uniformly random digit is right with probability 1/10).
+    The chain before the gap has 1, 2, 3 or 4 operations (+, -, ×, as in `chain`); its value v is
+    3 or 7, so exactly one digit d solves v × d ≡ b (mod 10). The trace computes the chain before
+    the gap, then tries d = 0, 1, 2, … one step per try, and answers after the first try that
+    checks (`ok`). The necessary number of tries is d + 1; it varies inside every level. A direct
+    answer is a guess unless the model computes the chain and inverts it in one go: a uniformly
+    random digit is right with probability 1/10.
+
+    The sampling closes the shortcuts a direct answer could take: v is never 1 or 9 (for v = 9,
+    v × b is the answer, so reading the prompt as a forward chain would be right), and d is never
+    0 or 5 (then d = b whatever v is). With v ∈ {3, 7} and d ∉ {0, 5}, neither b nor v × b is ever
+    the answer; the direct route is the chain's value and its inverse, d = (10 − v) × b mod 10.
 
     Levels add steps before the search; no level is a direct level (a direct answer is a guess).
     The prompt starts with the word `chain` (the vocabulary is fixed at the shipped model's
     37 words): `chain 3 + 4 * = 1 = <think>`, the `* =` marking the gap.
     """
 
-    lengths: tuple[int, ...] = (0, 1, 2, 4)      # operations before the gap, per level
-    multipliers: tuple[int, ...] = (3, 7, 9)     # the values v the chain may reach: units of Z/10 other than 1
+    lengths: tuple[int, ...] = (1, 2, 3, 4)      # operations before the gap, per level
+    multipliers: tuple[int, ...] = (3, 7)        # the values v the chain may reach (see above)
+    answers: tuple[int, ...] = (1, 2, 3, 4, 6, 7, 8, 9)   # the digits d may be (see above)
 
     direct_levels: ClassVar[frozenset[int]] = frozenset()
     order: ClassVar[tuple[int, ...]] = tuple(range(10))   # the candidates, in the order they are tried
@@ -362,7 +368,7 @@ class MissingOperand(Domain):
             start = rng.randint(0, 9)
             if self._value(start, ops) in self.multipliers:
                 break
-        d = rng.randint(0, 9)
+        d = rng.choice(self.answers)
         return (start, ops, self._value(start, ops) * d % 10)
 
     @staticmethod
