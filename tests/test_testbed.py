@@ -163,6 +163,7 @@ def test_search_oracle_agrees_with_the_trace_on_every_generated_problem():
         assert [t[2] for t in tries] == [str(d) for d in range(truth + 1)]
         assert [t[-2] == "ok" for t in tries] == [False] * truth + [True]
         assert search.guess_chance(inst.operands) == pytest.approx(0.1)
+        assert search.guess_chance(inst.operands, knows_target=True) == pytest.approx(0.5)
         # no shortcut: neither the target nor the forward reading v × b is ever the answer
         v = int(tries[0][0])
         assert v in (3, 7) and b not in (0, 5) and truth not in (b, v * b % 10)

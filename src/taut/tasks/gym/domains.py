@@ -339,7 +339,8 @@ class MissingOperand(Domain):
     the gap, then tries d = 0, 1, 2, … one step per try, and answers after the first try that
     checks (`ok`). The necessary number of tries is d + 1; it varies inside every level. A direct
     answer is a guess unless the model computes the chain and inverts it in one go: a uniformly
-    random digit is right with probability 1/10.
+    random digit is right with probability 1/10, a pick between the two digits that b allows
+    (3 × b or 7 × b) with probability 1/2.
 
     The sampling closes the shortcuts a direct answer could take: v is never 1 or 9 (for v = 9,
     v × b is the answer, so reading the prompt as a forward chain would be right), and d is never
@@ -396,9 +397,15 @@ class MissingOperand(Domain):
         """Necessary tries: the position of the first solution in the order tried (1-based)."""
         return self.order.index(self.solve(operands)) + 1
 
-    def guess_chance(self, operands) -> float:
-        """Probability that a uniformly random digit, answered without steps, is correct."""
-        return len(self.solutions(operands)) / len(self.order)
+    def guess_chance(self, operands, knows_target: bool = False) -> float:
+        """Probability that a direct answer without steps is correct: a uniformly random digit,
+        or (`knows_target`) a uniform pick among the digits that solve the problem for some
+        value the chain may reach — what a model that reads b but not the chain can do (1/2)."""
+        if not knows_target:
+            return len(self.solutions(operands)) / len(self.order)
+        b = operands[2]
+        candidates = {d for d in self.answers for v in self.multipliers if v * d % 10 == b}
+        return len(set(self.solutions(operands)) & candidates) / len(candidates)
 
     def _prefix(self, operands):
         value, out = operands[0], []
