@@ -142,3 +142,11 @@ def test_level_stats_count_direct_answers_only_where_steps_are_necessary():
     (row,) = tables["rows"]
     assert row["seeds"] == 2 and row["search_accuracy"] == pytest.approx(0.4)
     assert row["levels"]["2"]["direct_where_necessary"] == pytest.approx(0.45)
+
+
+def test_the_suite_recipe_is_a_bench_recipe():
+    from taut.bench.matrix import load_bench
+
+    path = ROOT / "recipes" / "bench-gate.yaml"
+    assert [m.name for m in load_bench(path).methods] == [m.name for m in load_suite(path).bench.methods]
+    assert len(load_bench(path, quick=True).methods) < len(load_bench(path).methods)

@@ -229,3 +229,7 @@ def test_search_splits_are_disjoint_and_every_level_has_test_problems():
     assert not ids["train"] & ids["test"] and not ids["validation"] & ids["test"] and not ids["train"] & ids["validation"]
     test = task.problems("test", 100)
     assert all(sum(p.difficulty == level for p in test) >= 50 for level in LEVELS)
+
+
+def test_domains_without_a_search_have_no_tries():
+    assert all(Instance(d, 2, d.sample(random.Random(0), 2)).necessary_tries is None for d in DOMAINS.values())

@@ -56,6 +56,10 @@ class BenchConfig(Strict):
 
 def load_bench(path: Path, quick: bool = False) -> BenchConfig:
     raw = yaml.safe_load(Path(path).read_text())
+    if isinstance(raw, dict) and "suite" in raw:      # a suite recipe (taut.bench.suite): its sweeps expanded
+        from taut.bench.suite import load_suite
+
+        return load_suite(path, quick).bench
     quick_overrides = raw.pop("quick", {})
     if quick:
         raw = {**raw, **quick_overrides}

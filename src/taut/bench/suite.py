@@ -114,7 +114,7 @@ def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
             raise ConfigError(f"{where} ({family}): sweep: expected one strategy parameter and a non-empty list of "
                               f"values, e.g. {{alpha: [0.25, 1.0, 4.0]}}; got {sweep!r}")
         (param, values), = sweep.items()
-        if param in ("name",):
+        if param == "name":
             raise ConfigError(f"{where} ({family}): sweep: cannot sweep the strategy's name")
         variants = [(f"{family}@{param}={value}", {**strategy, param: value}) for value in values]
     out = []

@@ -95,6 +95,10 @@ class Domain(ABC):
         """One post-answer confirmation round: the problem restated with its answer."""
         return ["check", *self.operand_words(operands), "=", *self.trace_answer(operands), "ok"]
 
+    def tries(self, operands: Operands) -> int | None:
+        """Search domains: the tries up to the first solution; None where nothing is searched."""
+        return None
+
 
 @dataclass(frozen=True)
 class Add(Domain):

@@ -81,8 +81,7 @@ class Instance:
     @property
     def necessary_tries(self) -> int | None:
         """Search domains: tries up to the first solution; None for domains without a search."""
-        tries = getattr(self.domain, "tries", None)
-        return tries(self.operands) if tries else None
+        return self.domain.tries(self.operands)
 
     def round_words(self) -> list[str]:
         return self.domain.round_words(self.operands)
