@@ -1,5 +1,6 @@
 """The mastery gate ablation: with the gate off only unmastered groups' rewards change."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,14 @@ def test_the_suite_recipe_is_a_bench_recipe():
     path = ROOT / "recipes" / "bench-gate.yaml"
     assert [m.name for m in load_bench(path).methods] == [m.name for m in load_suite(path).bench.methods]
     assert len(load_bench(path, quick=True).methods) < len(load_bench(path).methods)
+
+
+def test_guess_stats_count_search_answers_without_steps(tmp_path):
+    from taut.bench.suite import guess_stats
+
+    path = tmp_path / "eval.samples.jsonl"
+    rows = [("search", False, True), ("search", False, False), ("search", False, False), ("search", True, True),
+            ("add", False, True)]
+    path.write_text("".join(json.dumps({"domain": d, "thinks": t, "correct": c}) + "\n" for d, t, c in rows))
+    assert guess_stats(path, {"search"}) == {"guess_rate": 0.75, "guess_accuracy": pytest.approx(1 / 3)}
+    assert guess_stats(tmp_path / "missing.jsonl", {"search"}) == {"guess_rate": None, "guess_accuracy": None}

@@ -39,6 +39,7 @@ from taut.bench.matrix import BenchConfig
 from taut.config import ConfigError
 
 SUITE_DIR = Path("recipes")
+MARKERS = "osD^v<>p"        # families that coincide stay visible
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str)
         hint = f"; build it first: {suite.prepare}" if suite.prepare else ""
         raise ConfigError(f"{suite.path}: model: {err}{hint}") from None
     summary = run_bench(suite.bench, out, None, command)
-    tables = suite_tables(summary)
+    tables = suite_tables(summary, start_samples=Path(out) / "start-eval.samples.jsonl")
     (Path(out) / "suite.json").write_text(json.dumps({"suite": suite.name, **tables}, indent=1))
     figure_dir = (benchmarks_md.parent / "docs" / "figures") if benchmarks_md is not None else Path(out)
     figure = pareto_curves(suite, tables["rows"], tables["start"], figure_dir / f"{suite.name}-pareto.png")
@@ -189,18 +190,39 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def suite_tables(summary: dict[str, Any]) -> dict[str, Any]:
+def guess_stats(samples_path: Path, domains: set[str]) -> dict[str, float | None]:
+    """From an evaluation's samples on the given (search) domains: the share of responses that
+    answer without writing a step (guesses), and the accuracy of those guesses — against chance,
+    1/10 for a random digit and 1/2 for a pick between the two digits the target allows."""
+    if not samples_path.exists():
+        return {"guess_rate": None, "guess_accuracy": None}
+    samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+    ours = [s for s in samples if s["domain"] in domains and s["thinks"] is not None]
+    guesses = [s for s in ours if not s["thinks"]]
+    return {"guess_rate": len(guesses) / len(ours) if ours else None,
+            "guess_accuracy": statistics.fmean(s["correct"] for s in guesses) if guesses else None}
+
+
+def _samples_path(result: dict[str, Any], evaluation: dict) -> Path:
+    """Where `evaluate_target` wrote the samples of a method's evaluation."""
+    return Path(result["run_dir"]) / "eval" / f"{Path(evaluation['checkpoint']).name}.samples.jsonl"
+
+
+def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> dict[str, Any]:
     """One row per matrix method (mean over seeds) and the start's row, with per-level stats."""
     from taut.tasks.gym.domains import OPT_IN_DOMAINS
 
     search = set(OPT_IN_DOMAINS)
 
-    def row_of(evals: list[dict]) -> dict[str, Any]:
+    def row_of(evals: list[dict], samples: list[Path | None]) -> dict[str, Any]:
+        guesses = [guess_stats(p, search) for p in samples if p is not None]
         row: dict[str, Any] = {
             "accuracy": _mean([e["overall"]["accuracy"] for e in evals]),
             "tokens": _mean([e["overall"]["tokens_mean"] for e in evals]),
             "search_accuracy": _mean([_domain_mean(e, search, "accuracy") for e in evals]),
             "search_tokens": _mean([_domain_mean(e, search, "tokens_mean") for e in evals]),
+            "search_guess_rate": _mean([g["guess_rate"] for g in guesses]),
+            "search_guess_accuracy": _mean([g["guess_accuracy"] for g in guesses]),
         }
         for key, domains in (("levels", None), ("search_levels", search)):
             per = [level_stats(e, domains) for e in evals]
@@ -209,17 +231,16 @@ def suite_tables(summary: dict[str, Any]) -> dict[str, Any]:
                         for lv in levels}
         return row
 
-    start = row_of([summary["start"]])
-    groups: dict[str, list[dict]] = {}
-    seeds: dict[str, int] = {}
+    start = row_of([summary["start"]], [start_samples])
+    groups: dict[str, list[tuple[dict, Path | None]]] = {}
     for r in summary["results"].values():
         for label, e in r["evals"].items():
             name = r["method"] if label == "final" else f"{r['method']} ({label})"
-            groups.setdefault(name, []).append(e)
-            seeds[name] = seeds.get(name, 0) + 1
+            path = _samples_path(r, e) if "run_dir" in r and "checkpoint" in e else None
+            groups.setdefault(name, []).append((e, path))
     rows = []
-    for name, evals in groups.items():
-        row = {"method": name, "seeds": seeds[name], **row_of(evals)}
+    for name, pairs in groups.items():
+        row = {"method": name, "seeds": len(pairs), **row_of([e for e, _ in pairs], [p for _, p in pairs])}
         row["length_change"] = row["tokens"] / start["tokens"] - 1
         row["accuracy_change"] = row["accuracy"] - start["accuracy"]
         rows.append(row)
@@ -246,11 +267,12 @@ def pareto_curves(suite: Suite, rows: list[dict], start: dict, path: Path) -> Pa
     panels = (("accuracy", "tokens", "all domains"), ("search_accuracy", "search_tokens", "search domain"))
     axes = fig.subplots(1, 2)
     for ax, (acc, tok, title) in zip(axes, panels):
-        for curve, color in zip(curves, run_colors(len(curves))):
+        for i, (curve, color) in enumerate(zip(curves, run_colors(len(curves)))):
             pts = [(by_name[n][tok], by_name[n][acc], v) for n, v in curve.points if n in by_name and by_name[n][acc] is not None]
             if not pts:
                 continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=color, label=curve.family, markersize=4)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=MARKERS[i % len(MARKERS)], color=color,
+                    label=curve.family, markersize=5, fillstyle="none" if i % 2 else "full")
             for x, y, v in pts:
                 if v is not None:
                     ax.annotate(f"{v:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color=color)
@@ -295,12 +317,12 @@ def design_lines(suite: Suite) -> list[str]:
     seeds = {m.name: m.seeds for m in bench.methods}
     runs = sum(len(s) for s in seeds.values())
     lines = [
-        f"Recipe `{suite.path}`: from `{bench.model}`" + (f" (built by `{suite.prepare}`)" if suite.prepare else "")
-        + f", {bench.start_steps} accuracy-RL steps make the shared start, then",
-        f"{bench.steps} RL steps per method of {bench.rl.prompts_per_step} prompts × {bench.rl.group_size} rollouts "
+        f"Recipe `{suite.path}`, starting from `{bench.model}`" + (f", built by `{suite.prepare}`." if suite.prepare else "."),
+        f"{bench.start_steps} accuracy-RL steps make the shared start; then {bench.steps} RL steps per method of "
+        f"{bench.rl.prompts_per_step} prompts × {bench.rl.group_size} rollouts",
         f"(dynamic sampling {'on' if bench.rl.dynamic_sampling else 'off'}), training on {', '.join(map(str, bench.train))}; "
-        f"evaluated on the test split of {', '.join(map(str, bench.eval.tasks or ['gym:all']))}, "
-        f"{bench.eval.n_per_level} problems per domain and level, {bench.eval.samples} samples. {runs} training runs.",
+        f"evaluated on the test split of {', '.join(map(str, bench.eval.tasks or ['gym:all']))},",
+        f"{bench.eval.n_per_level} problems per domain and level, {bench.eval.samples} sample(s) each. {runs} training runs.",
         "",
         "| family | swept | values (weakest first) | seeds |",
         "|---|---|---|---|",
@@ -349,14 +371,19 @@ def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any
         *design_lines(suite),
         "",
         f"**Start**: accuracy {start['accuracy']:.3f}, {start['tokens']:.1f} tokens; search domain "
-        f"{_f(start['search_accuracy'], 3)} / {_f(start['search_tokens'], 1)} tokens.",
+        f"{_f(start['search_accuracy'], 3)} / {_f(start['search_tokens'], 1)} tokens, guesses {_f(start['search_guess_rate'])} "
+        f"of its answers, right {_f(start['search_guess_accuracy'])} of the time.",
         "",
-        "| method | seeds | accuracy | tokens | length change | accuracy change | search accuracy | search tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "Search guesses: the share of search answers written without a step, and their accuracy (chance: 0.10 for a",
+        "random digit, 0.50 for a pick between the two digits the target allows).",
+        "",
+        "| method | seeds | accuracy | tokens | length change | accuracy change | search accuracy | search tokens | search guesses | guesses right |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['method']} | {r['seeds']} | {r['accuracy']:.3f} | {r['tokens']:.1f} | {100 * r['length_change']:+.1f}% | "
-                     f"{100 * r['accuracy_change']:+.1f} pts | {_f(r['search_accuracy'], 3)} | {_f(r['search_tokens'], 1)} |")
+                     f"{100 * r['accuracy_change']:+.1f} pts | {_f(r['search_accuracy'], 3)} | {_f(r['search_tokens'], 1)} | "
+                     f"{_f(r['search_guess_rate'])} | {_f(r['search_guess_accuracy'])} |")
     for key, title in (("levels", "all domains"), ("search_levels", "search domain")):
         levels = sorted({lv for r in [start, *rows] for lv in r[key]}, key=int)
         lines += ["", f"Per level, {title}: accuracy / tokens / necessary-step coverage / direct answers where steps are necessary",
