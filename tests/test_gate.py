@@ -162,3 +162,28 @@ def test_guess_stats_count_search_answers_without_steps(tmp_path):
     path.write_text("".join(json.dumps({"domain": d, "thinks": t, "correct": c}) + "\n" for d, t, c in rows))
     assert guess_stats(path, {"search"}) == {"guess_rate": 0.75, "guess_accuracy": pytest.approx(1 / 3)}
     assert guess_stats(tmp_path / "missing.jsonl", {"search"}) == {"guess_rate": None, "guess_accuracy": None}
+
+
+@pytest.mark.slow
+def test_gate_suite_quick_end_to_end(tmp_path, monkeypatch):
+    """`taut bench --suite gate --quick` trains every quick method, then writes its tables, figure
+    and BENCHMARKS.md section (slow: two to eight minutes, depending on the machine's load)."""
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    monkeypatch.chdir(ROOT)                      # suites are found under recipes/
+    out, md = tmp_path / "run", tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n\n<!-- discussion -->\nkept\n<!-- /discussion -->\n")
+    result = CliRunner().invoke(app, ["bench", "--suite", "gate", "--quick", "--out", str(out), "--write", str(md)])
+    assert result.exit_code == 0, result.output
+    tables = json.loads((out / "suite.json").read_text())
+    assert {r["method"] for r in tables["rows"]} == {"control", "gate-on@alpha=0.5", "gate-on@alpha=2.0",
+                                                    "gate-off@alpha=0.5", "gate-off@alpha=2.0", "gate-on+sampler"}
+    for row in tables["rows"]:
+        assert set(row["search_levels"]) == {"1", "2", "3", "4"} and row["search_guess_rate"] is not None
+    logged = [json.loads(line) for line in (out / "gate-off@alpha=0.5" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["gate_open"] == 1.0 for r in logged if "gate_open" in r)
+    text = md.read_text()
+    assert "kept" in text and "<!-- suite:gate -->" in text and "not yet run" not in text
+    assert (tmp_path / "docs" / "figures" / "gate-pareto.png").exists()
