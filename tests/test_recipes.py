@@ -55,6 +55,7 @@ STRATEGY_METRICS = {
     "none": [],
     "siri": PENALTY,
     "mastery-gated": ["gate_open", *PENALTY, "safe_len_mean"],
+    "mastery-gated-nogate": ["gate_open", *PENALTY, "safe_len_mean"],
     "dapo-overlong": PENALTY,
     "dapo-lite": PENALTY,
     "dapo-heavy": PENALTY,

@@ -22,7 +22,7 @@ from taut.length.sigmoid import GrpoLambdaConfig, SigmoidConfig
 from taut.length.siri import SiriConfig
 from taut.length.truncation import HardTruncationConfig, ThinkPruneConfig
 
-ALL_NAMES = ["none", "siri", "mastery-gated", "dapo-overlong", "dapo-lite", "dapo-heavy", "hard-truncation",
+ALL_NAMES = ["none", "siri", "mastery-gated", "mastery-gated-nogate", "dapo-overlong", "dapo-lite", "dapo-heavy", "hard-truncation",
              "thinkprune", "kimi", "l1-exact", "l1-max", "grpo-lambda", "sigmoid", "on-policy-sft"]
 
 

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from taut.config import RunConfig
-from taut.tasks.gym.domains import DOMAINS, HELD_OUT_DOMAINS, LEVELS
+from taut.tasks.gym.domains import ALL_DOMAINS, DOMAINS, HELD_OUT_DOMAINS, LEVELS, OPT_IN_DOMAINS, TRAINING_DOMAINS
 from taut.tasks.gym.task import GymTask, Instance, TraceMixture, analyze, read_answer, split_of
 from taut.tasks.gym.vocab import VOCAB, build_tokenizer
 
@@ -122,3 +122,114 @@ def test_data_stats_meet_the_testbed_requirements():
     assert stats["mixture_redundancy"] >= 0.40
     level1 = [c for c in stats["cells"] if c["difficulty"] == 1]
     assert all(c["redundancy"] > 0.5 for c in level1)    # thinking on level 1 is pure overhead
+
+
+# ---- the opt-in search domain -------------------------------------------------------------
+
+
+def _search_instances(n_per_cell=60, seed=0):
+    rng = random.Random(seed)
+    search = OPT_IN_DOMAINS["search"]
+    for level in LEVELS:
+        for _ in range(n_per_cell):
+            yield Instance(search, level, search.sample(rng, level))
+
+
+def test_search_is_opt_in_and_selectable_by_name():
+    from taut.tasks import load_task
+    from taut.tasks.gym.task import resolve_domains
+
+    assert "search" not in DOMAINS and "search" in ALL_DOMAINS
+    for group in ("gym", "gym:train", "gym:held-out", "gym:all"):
+        assert "search" not in resolve_domains(group)
+    assert resolve_domains("gym:search") == ["search"]
+    assert resolve_domains("gym:train+search") == [*TRAINING_DOMAINS, "search"]
+    assert [d.name for d in load_task("gym:search").domains] == ["search"]
+    with pytest.raises(ValueError, match="unknown testbed domain 'serch'"):
+        load_task("gym:serch")
+
+
+def test_search_oracle_agrees_with_the_trace_on_every_generated_problem():
+    search = OPT_IN_DOMAINS["search"]
+    for inst in _search_instances(300):
+        start, ops, b = inst.operands
+        assert len(ops) == search.lengths[inst.level - 1]
+        truth = search.solve(inst.operands)
+        assert search.solutions(inst.operands) == [truth]          # exactly one digit completes the chain
+        assert search.trace_answer(inst.operands) == [str(truth)] == search.answer_words(inst.operands)
+        steps = inst.necessary_steps()
+        tries = steps[len(ops):]
+        assert inst.necessary_tries == len(tries) == truth + 1      # tries 0, 1, …, truth
+        assert [t[2] for t in tries] == [str(d) for d in range(truth + 1)]
+        assert [t[-2] == "ok" for t in tries] == [False] * truth + [True]
+        assert search.guess_chance(inst.operands) == pytest.approx(0.1)
+        assert search.guess_chance(inst.operands, knows_target=True) == pytest.approx(0.5)
+        # no shortcut: neither the target nor the forward reading v × b is ever the answer
+        v = int(tries[0][0])
+        assert v in (3, 7) and b not in (0, 5) and truth not in (b, v * b % 10)
+
+
+def test_search_known_values():
+    search = OPT_IN_DOMAINS["search"]
+    inst = Instance(search, 1, (3, (("+", 4),), 1))                  # 3 + 4 = 7; 7 × 3 ≡ 1
+    assert inst.prompt() == "chain 3 + 4 * = 1 = <think>"
+    assert search.solve(inst.operands) == 3 and inst.necessary_tries == 4
+    assert inst.necessary_steps() == [s.split() for s in ("3 + 4 = 7 ;", "7 * 0 = 0 ;", "7 * 1 = 7 ;", "7 * 2 = 4 ;", "7 * 3 = 1 ok ;")]
+    assert inst.round_words() == "check 3 + 4 * 3 = 1 ok".split()
+    assert Instance(search, 1, (4, (("+", 3),), 7)).necessary_tries == 2    # 7 × 1 ≡ 7: the second candidate checks
+    assert Instance(search, 1, (4, (("+", 3),), 3)).necessary_tries == 10   # 7 × 9 ≡ 3: the last
+
+
+def test_search_tries_vary_inside_every_level_and_steps_grow_with_level():
+    means = []
+    for level in LEVELS:
+        insts = [i for i in _search_instances(400, seed=level) if i.level == level]
+        tries = {i.necessary_tries for i in insts}
+        assert tries == {2, 3, 4, 5, 7, 8, 9, 10}, (level, tries)     # d ∈ {1, …, 9} \ {5}
+        means.append(sum(len(i.necessary_steps()) for i in insts) / len(insts))
+    assert means == sorted(means) and means[-1] > means[0] + 2
+    assert all(m > 5 for m in means)                                 # steps are necessary on level 1 too
+
+
+def test_search_words_are_in_the_vocabulary_and_traces_fit_the_rollout_cap():
+    tok = build_tokenizer()
+    assert len(VOCAB) == 37                                          # the shipped model's embedding size
+    for inst in _search_instances(30):
+        for words in (inst.prompt(budget=64).split(), inst.render(think=True, rounds=2)):
+            assert set(words) <= set(VOCAB)
+            assert tok.convert_ids_to_tokens(tok(" ".join(words)).input_ids)[1:] == words
+        assert inst.necessary_length() <= 90                         # well inside the 128-token cap
+
+
+def test_search_oracle_counts_guesses_and_redundancy():
+    search = OPT_IN_DOMAINS["search"]
+    inst = Instance(search, 2, (3, (("+", 4), ("*", 1)), 1))         # 7 × 3 ≡ 1: four tries
+    minimal = analyze(inst, " ".join(inst.minimal_response()), complete=True)
+    assert minimal.correct and minimal.redundancy == 0 and minimal.coverage == 1.0
+    guess = analyze(inst, "</think> answer 3", complete=True)      # a lucky direct guess is graded correct
+    assert guess.correct and not guess.thinks and guess.coverage == 0.0 and guess.redundant_tokens == 0
+    assert not analyze(inst, "</think> answer 4", complete=True).correct
+    # an extra try after the success and a round are redundant, exactly
+    words = inst.render(think=True, rounds=1)
+    extra = ["7", "*", "4", "=", "8", ";"]
+    cut = words.index("</think>")
+    padded = analyze(inst, " ".join(words[:cut] + extra + words[cut:]), complete=True)
+    assert padded.correct and padded.redundant_tokens == len(extra) + len(inst.round_words())
+    # stopping the search early covers only the tries written
+    early = analyze(inst, "3 + 4 = 7 ; 7 * 1 = 7 ; 7 * 0 = 0 ; </think> answer 0", complete=True)
+    assert not early.correct and early.coverage == pytest.approx(3 / 6)
+    task = GymTask(["search"])
+    p = inst.to_problem()
+    assert task.verify(p, "</think> answer 3 check 3 + 4 * 1 * 3 = 1 ok", complete=True).correct
+
+
+def test_search_splits_are_disjoint_and_every_level_has_test_problems():
+    task = GymTask(["search"])
+    ids = {split: {p.id for p in task.problems(split, 100)} for split in ("train", "validation", "test")}
+    assert not ids["train"] & ids["test"] and not ids["validation"] & ids["test"] and not ids["train"] & ids["validation"]
+    test = task.problems("test", 100)
+    assert all(sum(p.difficulty == level for p in test) >= 50 for level in LEVELS)
+
+
+def test_domains_without_a_search_have_no_tries():
+    assert all(Instance(d, 2, d.sample(random.Random(0), 2)).necessary_tries is None for d in DOMAINS.values())

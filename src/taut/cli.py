@@ -350,12 +350,32 @@ def bench(ctx: typer.Context,
           config: Annotated[Path, typer.Option("--config", "-c", metavar="RECIPE", help="bench recipe")] = Path("builtin:bench"),
           quick: Annotated[bool, typer.Option("--quick", help="a few steps per method: a smoke run in minutes")] = False,
           out: OutOpt = None,
-          write: Annotated[Optional[Path], typer.Option(help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None):
+          write: Annotated[Optional[Path], typer.Option(help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None,
+          suite: Annotated[Optional[str], typer.Option(help="run the suite recipes/bench-SUITE.yaml; writes its BENCHMARKS.md section")] = None):
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
     from taut.bench.matrix import load_bench, run_bench
     from taut.builtin_recipes import resolve_recipe
+
+    if suite is not None:
+        from taut.bench.suite import load_suite, run_suite, suite_path
+
+        path = suite_path(suite)
+        out = out or Path("runs") / (f"bench-{suite}-quick" if quick else f"bench-{suite}")
+        target = write or (None if quick else Path("BENCHMARKS.md"))
+        summary = run_suite(load_suite(path, quick=quick), out, target,
+                            f"taut bench --suite {suite}" + (" --quick" if quick else "") + f" --out {out}")
+        t = Table(title=f"bench --suite {suite} ({summary['seconds'] / 60:.1f} min)")
+        for col in ("method", "seeds", "accuracy", "tokens", "search accuracy", "search tokens"):
+            t.add_column(col, justify="right")
+        for r in sorted(summary["suite"]["rows"], key=lambda r: r["method"]):
+            t.add_row(r["method"], str(r["seeds"]), f"{r['accuracy']:.3f}", f"{r['tokens']:.1f}",
+                      "–" if r["search_accuracy"] is None else f"{r['search_accuracy']:.3f}",
+                      "–" if r["search_tokens"] is None else f"{r['search_tokens']:.1f}")
+        out_console.print(t)
+        out_console.print(f"results: {out / 'suite.json'}" + (f"; {target}" if target else ""))
+        return
 
     bench_cfg = load_bench(resolve_recipe(config), quick=quick)
     out = out or Path("runs") / ("bench-quick" if quick else "bench")

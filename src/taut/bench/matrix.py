@@ -48,6 +48,7 @@ class BenchConfig(Strict):
     threads: int | None = None
     start_steps: int = Field(100, ge=1, description="accuracy-RL steps that make the shared start")
     steps: int = Field(120, ge=1, description="RL steps per method from the start")
+    train: list[str] = Field(default_factory=lambda: ["gym:train"], description="task specs the start and every method train on")
     rl: RLConfig = Field(default_factory=lambda: RLConfig(dynamic_sampling=False))
     eval: EvalConfig = Field(default_factory=lambda: EvalConfig(n_per_level=50, samples=2))
     methods: list[Method]
@@ -55,6 +56,10 @@ class BenchConfig(Strict):
 
 def load_bench(path: Path, quick: bool = False) -> BenchConfig:
     raw = yaml.safe_load(Path(path).read_text())
+    if isinstance(raw, dict) and "suite" in raw:      # a suite recipe (taut.bench.suite): its sweeps expanded
+        from taut.bench.suite import load_suite
+
+        return load_suite(path, quick).bench
     quick_overrides = raw.pop("quick", {})
     if quick:
         raw = {**raw, **quick_overrides}
@@ -68,7 +73,7 @@ def _run_config(bench: BenchConfig, model: str, steps: int, seed: int, method: M
     data: dict[str, Any] = {
         "seed": seed,
         "model": {"path": model, **({"threads": bench.threads} if bench.threads else {})},
-        "data": {"train": ["gym:train"], "eval": ["gym:all"]},
+        "data": {"train": list(bench.train), "eval": ["gym:all"]},
         "rl": {**bench.rl.model_dump(), "steps": steps},
         "eval": bench.eval.model_dump(),
     }
@@ -300,8 +305,12 @@ def write_benchmarks_md(path: Path, summary: dict[str, Any], figures: dict[str, 
     for name, link in links.items():
         lines += [f"**{titles.get(name, name)}**", "", f"![{name}]({link})", ""]
     discussion = "## Discussion\n\n(to be written after reading the numbers)\n"
+    after = ""                  # sections after the discussion (benchmark suites) are kept as they are
     if path.exists() and DISCUSSION_START in path.read_text():
         text = path.read_text()
         discussion = text[text.index(DISCUSSION_START) + len(DISCUSSION_START): text.index(DISCUSSION_END)].strip("\n") + "\n"
+        after = text[text.index(DISCUSSION_END) + len(DISCUSSION_END):].strip("\n")
     lines += [DISCUSSION_START, discussion, DISCUSSION_END, ""]
+    if after:
+        lines += [after, ""]
     path.write_text("\n".join(lines))

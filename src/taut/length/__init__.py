@@ -11,7 +11,7 @@ from taut.length.base import GroupBatch, Shaped, Strategy
 from taut.length.dapo import DapoHeavyConfig, DapoLiteConfig, DapoOverlong, DapoOverlongConfig
 from taut.length.kimi import Kimi, KimiConfig
 from taut.length.l1 import L1, L1ExactConfig, L1MaxConfig
-from taut.length.mastery import MasteryGated, MasteryGatedConfig
+from taut.length.mastery import MasteryGated, MasteryGatedConfig, MasteryGatedNoGateConfig
 from taut.length.none import NoneConfig, NoStrategy
 from taut.length.on_policy_sft import OnPolicySft, OnPolicySftConfig
 from taut.length.sigmoid import GrpoLambda, GrpoLambdaConfig, Sigmoid, SigmoidConfig
@@ -31,6 +31,7 @@ REGISTRY: dict[str, Entry] = {
     "none": Entry(NoneConfig, NoStrategy, "DeepSeekMath 2402.03300", "correctness reward only (plain GRPO/DAPO)"),
     "siri": Entry(SiriConfig, Siri, "SIRI 2509.25176", "oscillating rollout cap (cosine/stair/stair-cosine); capped rollouts score 0"),
     "mastery-gated": Entry(MasteryGatedConfig, MasteryGated, "2601.06052 (our reading)", "soft penalty on correct rollouts longer than a safe length, only on mastered prompts"),
+    "mastery-gated-nogate": Entry(MasteryGatedNoGateConfig, MasteryGated, "2601.06052 ablation (ours)", "mastery-gated with the gate off: the same penalty on every group"),
     "dapo-overlong": Entry(DapoOverlongConfig, DapoOverlong, "DAPO 2503.14476", "linear penalty in a buffer before the length limit, on every rollout"),
     "dapo-lite": Entry(DapoLiteConfig, DapoOverlong, "DAPO 2503.14476; preset ours", "dapo-overlong preset: buffer 1/4 of the cap, half strength"),
     "dapo-heavy": Entry(DapoHeavyConfig, DapoOverlong, "DAPO 2503.14476; preset ours", "dapo-overlong preset: buffer 3/4 of the cap, full strength"),

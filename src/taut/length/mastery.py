@@ -1,5 +1,7 @@
 """`mastery-gated`: a sample-level soft length penalty, only where the prompt is already mastered.
 
+Its ablation `mastery-gated-nogate` (or `gate: false`) is the same penalty applied to every group.
+
 Source: "Reinforcement Learning for Chain of Thought Compression with One-Domain-to-All
 Generalization", arXiv 2601.06052. Only the abstract is public: a long rollout is penalised
 only when the model already solves the problem and has produced a shorter rollout. The exact
@@ -21,9 +23,15 @@ and prompts whose gate is closed get the correctness reward unchanged. Because t
 makes a gated group's rewards unequal, dynamic sampling keeps such groups (it drops groups only
 after shaping, on the shaped rewards).
 
-Metrics: gate_open (share of groups gated), penalised_frac (share of rollouts penalised),
-penalty_mean (mean penalty over penalised rollouts), safe_len_mean (mean s over gated groups;
-NaN, logged as null, when no gate is open).
+With `gate: false` the gate is open on every group: a correct rollout longer than its group's
+shortest correct one is penalised whether or not the group is mastered — a global penalty with
+everything else equal (safe length, α, P_max, memory). In a mixed group the shortest correct
+rollout then gets the highest advantage, which is what the gate is there to prevent on
+problems the model has not mastered.
+
+Metrics: gate_open (share of groups whose penalty applies; 1 with the gate off), penalised_frac
+(share of rollouts penalised), penalty_mean (mean penalty over penalised rollouts),
+safe_len_mean (mean s over gated groups; NaN, logged as null, when no gate is open).
 """
 
 from __future__ import annotations
@@ -45,6 +53,14 @@ class MasteryGatedConfig(Strict):
     alpha: float = Field(1.0, gt=0, description="penalty per unit of relative excess length")
     max_penalty: float = Field(0.5, gt=0, lt=1, description="penalty cap; below 1 so correct beats wrong")
     use_best_seen: bool = Field(False, description="also bound the safe length by the prompt's best seen so far")
+    gate: bool = Field(True, description="penalise only mastered groups; false: every group (the ablation)")
+
+
+class MasteryGatedNoGateConfig(MasteryGatedConfig):
+    """The gate ablation by name: `mastery-gated` with the penalty applied to every group."""
+
+    name: Literal["mastery-gated-nogate"] = "mastery-gated-nogate"
+    gate: Literal[False] = Field(False, description="always false: the penalty applies to every group")
 
 
 def mastery_gated_rewards(
@@ -56,11 +72,15 @@ def mastery_gated_rewards(
     alpha: float,
     max_penalty: float,
     best_seen: Tensor | None = None,   # [P] float, inf where nothing seen
+    gated: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Shaped rewards [P, G] and the per-group gate and safe length (pure function)."""
+    """Shaped rewards [P, G] and the per-group gate and safe length (pure function).
+
+    With `gated=False` the gate is open on every group; nothing else changes."""
     c = correct.float()
     length = lengths.float()
-    gate = c.mean(dim=1) >= tau - 1e-9                                            # [P]
+    mastered = c.mean(dim=1) >= tau - 1e-9                                        # [P]
+    gate = mastered if gated else torch.ones_like(mastered)
     inf = torch.full_like(length, float("inf"))
     shortest = torch.where(correct, length, inf).amin(dim=1)                      # [P], inf: none correct
     if best_seen is not None:
@@ -78,6 +98,7 @@ class MasteryGated(Strategy):
 
     def __init__(self, config: MasteryGatedConfig):
         self.config = config
+        self.name = config.name
         self.best_seen: dict[str, int] = {}   # prompt id -> shortest correct length seen
 
     def shape(self, batch: GroupBatch) -> Shaped:
@@ -89,7 +110,7 @@ class MasteryGated(Strategy):
             best = torch.tensor([float(self.best_seen.get(pid, float("inf"))) for pid in batch.prompt_ids])
         rewards, parts = mastery_gated_rewards(
             batch.correct, batch.lengths, tau=cfg.tau, slack=cfg.slack, alpha=cfg.alpha,
-            max_penalty=cfg.max_penalty, best_seen=best,
+            max_penalty=cfg.max_penalty, best_seen=best, gated=cfg.gate,
         )
         self._remember(batch)
         gate, safe = parts["gate"], parts["safe"]

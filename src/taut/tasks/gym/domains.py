@@ -18,6 +18,11 @@ Grammar of one step (words separated by spaces, `;` ends a step):
     parity 1 xor 1 = 0 ;                            running exclusive or with the next bit
     sub    1 2 - 7 - 0 = 5 borrow 1 ;               (10 +) column digit − digit − borrow in
     mod    4 7 % 7 = 5 ;                            running remainder: (10·r + next digit) mod m
+    search 3 + 4 = 7 ; 7 * 0 = 0 ; … 7 * 3 = 1 ok ; the chain before the gap, then one try per candidate
+
+`search` (the missing last operand of a chain, found by trying 0, 1, 2, … until one checks) is
+opt-in: it is in no default group (`gym:train`, `gym:held-out`, `gym:all`), so the default SFT
+mixture and the shipped checkpoint are unchanged; a recipe selects it as `gym:search`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 LEVELS = (1, 2, 3, 4)
 
@@ -50,6 +56,13 @@ def _columns(n: int, width: int) -> list[int]:
 class Domain(ABC):
     name: str
     held_out: bool = False
+
+    direct_levels: ClassVar[frozenset[int]] = frozenset({1})   # levels whose minimal response is the direct answer
+
+    @property
+    def word(self) -> str:
+        """The word that starts the domain's prompts (a vocabulary word)."""
+        return self.name
 
     @abstractmethod
     def sample(self, rng: random.Random, level: int) -> Operands:
@@ -77,6 +90,14 @@ class Domain(ABC):
         if isinstance(truth, tuple):
             return [w for value in truth for w in digits(value)]
         return digits(truth)
+
+    def round_words(self, operands: Operands) -> list[str]:
+        """One post-answer confirmation round: the problem restated with its answer."""
+        return ["check", *self.operand_words(operands), "=", *self.trace_answer(operands), "ok"]
+
+    def tries(self, operands: Operands) -> int | None:
+        """Search domains: the tries up to the first solution; None where nothing is searched."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -313,6 +334,114 @@ class Remainder(Domain):
         return [str(self._run(operands)[1])]
 
 
+@dataclass(frozen=True)
+class MissingOperand(Domain):
+    """The missing last operand of a chain modulo 10: `3 + 4 * ? = 1`, found by search.
+
+    The chain before the gap has 1, 2, 3 or 4 operations (+, -, ×, as in `chain`); its value v is
+    3 or 7, so exactly one digit d solves v × d ≡ b (mod 10). The trace computes the chain before
+    the gap, then tries d = 0, 1, 2, … one step per try, and answers after the first try that
+    checks (`ok`). The necessary number of tries is d + 1; it varies inside every level. A direct
+    answer is a guess unless the model computes the chain and inverts it in one go: a uniformly
+    random digit is right with probability 1/10, a pick between the two digits that b allows
+    (3 × b or 7 × b) with probability 1/2.
+
+    The sampling closes the shortcuts a direct answer could take: v is never 1 or 9 (for v = 9,
+    v × b is the answer, so reading the prompt as a forward chain would be right), and d is never
+    0 or 5 (then d = b whatever v is). With v ∈ {3, 7} and d ∉ {0, 5}, neither b nor v × b is ever
+    the answer; the direct route is the chain's value and its inverse, d = (10 − v) × b mod 10.
+
+    Levels add steps before the search; no level is a direct level (a direct answer is a guess).
+    The prompt starts with the word `chain` (the vocabulary is fixed at the shipped model's
+    37 words): `chain 3 + 4 * = 1 = <think>`, the `* =` marking the gap.
+    """
+
+    lengths: tuple[int, ...] = (1, 2, 3, 4)      # operations before the gap, per level
+    multipliers: tuple[int, ...] = (3, 7)        # the values v the chain may reach (see above)
+    answers: tuple[int, ...] = (1, 2, 3, 4, 6, 7, 8, 9)   # the digits d may be (see above)
+
+    direct_levels: ClassVar[frozenset[int]] = frozenset()
+    order: ClassVar[tuple[int, ...]] = tuple(range(10))   # the candidates, in the order they are tried
+
+    @property
+    def word(self) -> str:
+        return "chain"
+
+    def sample(self, rng, level):
+        while True:
+            ops = tuple((rng.choice("+-*"), rng.randint(0, 9)) for _ in range(self.lengths[level - 1]))
+            start = rng.randint(0, 9)
+            if self._value(start, ops) in self.multipliers:
+                break
+        d = rng.choice(self.answers)
+        return (start, ops, self._value(start, ops) * d % 10)
+
+    @staticmethod
+    def _value(start, ops) -> int:
+        value = start
+        for op, y in ops:  # exact integer arithmetic; reduced once at the end
+            value = value + y if op == "+" else value - y if op == "-" else value * y
+        return value % 10
+
+    def operand_words(self, operands):
+        start, ops, b = operands
+        return [str(start), *[w for op, y in ops for w in (op, str(y))], "*", "=", str(b)]
+
+    def solve(self, operands):
+        start, ops, b = operands
+        return b * pow(self._value(start, ops), -1, 10) % 10
+
+    def solutions(self, operands) -> list[int]:
+        """Every digit that completes the chain (exactly one for the values sampled)."""
+        start, ops, b = operands
+        v = self._value(start, ops)
+        return [d for d in range(10) if v * d % 10 == b]
+
+    def tries(self, operands) -> int:
+        """Necessary tries: the position of the first solution in the order tried (1-based)."""
+        return self.order.index(self.solve(operands)) + 1
+
+    def guess_chance(self, operands, knows_target: bool = False) -> float:
+        """Probability that a direct answer without steps is correct: a uniformly random digit,
+        or (`knows_target`) a uniform pick among the digits that solve the problem for some
+        value the chain may reach — what a model that reads b but not the chain can do (1/2)."""
+        if not knows_target:
+            return len(self.solutions(operands)) / len(self.order)
+        b = operands[2]
+        candidates = {d for d in self.answers for v in self.multipliers if v * d % 10 == b}
+        return len(set(self.solutions(operands)) & candidates) / len(candidates)
+
+    def _prefix(self, operands):
+        value, out = operands[0], []
+        for op, y in operands[1]:
+            result = {"+": value + y, "-": value - y, "*": value * y}[op] % 10
+            out.append([str(value), op, str(y), "=", str(result), ";"])
+            value = result
+        return out, value
+
+    def _tries(self, operands):
+        prefix, value = self._prefix(operands)
+        b, out = operands[2], []
+        for d in self.order:
+            product = value * d % 10
+            out.append([str(value), "*", str(d), "=", str(product), *(["ok"] if product == b else []), ";"])
+            if product == b:
+                return prefix, out, d
+        raise ValueError(f"no digit completes {self.operand_words(operands)}")
+
+    def steps(self, operands):
+        prefix, tries, _ = self._tries(operands)
+        return prefix + tries
+
+    def trace_answer(self, operands):
+        last = self._tries(operands)[1][-1]          # the try that checked: `v * d = b ok ;`
+        return [last[2]]
+
+    def round_words(self, operands):
+        start, ops, b = operands
+        return ["check", str(start), *[w for op, y in ops for w in (op, str(y))], "*", *self.trace_answer(operands), "=", str(b), "ok"]
+
+
 DOMAINS: dict[str, Domain] = {
     d.name: d
     for d in (
@@ -327,9 +456,12 @@ DOMAINS: dict[str, Domain] = {
 }
 TRAINING_DOMAINS = tuple(name for name, d in DOMAINS.items() if not d.held_out)
 HELD_OUT_DOMAINS = tuple(name for name, d in DOMAINS.items() if d.held_out)
+# Domains in no default group (not in the default SFT mixture): selected only by name.
+OPT_IN_DOMAINS: dict[str, Domain] = {d.name: d for d in (MissingOperand("search"),)}
+ALL_DOMAINS: dict[str, Domain] = {**DOMAINS, **OPT_IN_DOMAINS}
 
 
 def get_domain(name: str) -> Domain:
-    if name not in DOMAINS:
-        raise ValueError(f"unknown testbed domain {name!r}; valid domains: {', '.join(DOMAINS)}")
-    return DOMAINS[name]
+    if name not in ALL_DOMAINS:
+        raise ValueError(f"unknown testbed domain {name!r}; valid domains: {', '.join(ALL_DOMAINS)}")
+    return ALL_DOMAINS[name]

@@ -15,7 +15,9 @@ a token budget) has no answer yet and scores as wrong.
 The oracle: on level 1 (single-digit facts) the minimal response is the direct answer
 `</think> answer DIGITS <eos>`; from level 2 on it is the necessary steps followed by the answer.
 Anything beyond it is redundant: thinking where none is needed (or steps beyond the necessary
-ones), and post-answer rounds.
+ones), and post-answer rounds. The `search` domain has no direct level: its direct answer is a
+guess, and its necessary steps are the chain before the gap and the tries up to the first
+success (`Instance.necessary_tries`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from taut.tasks.base import SPLITS, Problem, Split, Verdict
 from taut.tasks.gym.domains import DOMAINS, LEVELS, Domain, get_domain
 from taut.tasks.gym.vocab import ANSWER, END_THINK, THINK
 
-DIRECT_LEVELS = frozenset({1})      # levels whose minimal response is the direct answer
 SPLIT_FRACTIONS = {"train": 0.7, "validation": 0.1, "test": 0.2}
 
 
@@ -52,7 +53,7 @@ class Instance:
         return f"{self.domain.name}:{self.level}:{' '.join(self.domain.operand_words(self.operands))}"
 
     def prompt(self, budget: int | None = None) -> str:
-        words = [self.domain.name, *self.domain.operand_words(self.operands), "="]
+        words = [self.domain.word, *self.domain.operand_words(self.operands), "="]
         if budget is not None:
             words += ["budget", *str(budget)]
         return " ".join([*words, THINK])
@@ -69,11 +70,21 @@ class Instance:
         )
 
     # ---- traces -----------------------------------------------------------------------
+    @property
+    def direct(self) -> bool:
+        """Whether the minimal response is the direct answer (level 1 of most domains)."""
+        return self.level in self.domain.direct_levels
+
     def necessary_steps(self) -> list[list[str]]:
-        return [] if self.level in DIRECT_LEVELS else self.domain.steps(self.operands)
+        return [] if self.direct else self.domain.steps(self.operands)
+
+    @property
+    def necessary_tries(self) -> int | None:
+        """Search domains: tries up to the first solution; None for domains without a search."""
+        return self.domain.tries(self.operands)
 
     def round_words(self) -> list[str]:
-        return ["check", *self.domain.operand_words(self.operands), "=", *self.domain.trace_answer(self.operands), "ok"]
+        return self.domain.round_words(self.operands)
 
     def render(self, think: bool, rounds: int = 0) -> list[str]:
         """A response (without `<eos>`): full steps or a direct answer, then `rounds` rounds."""
@@ -84,7 +95,7 @@ class Instance:
         return words
 
     def minimal_response(self) -> list[str]:
-        return self.render(think=self.level not in DIRECT_LEVELS)
+        return self.render(think=not self.direct)
 
     def necessary_length(self) -> int:
         """Tokens of the minimal response, `<eos>` included."""
@@ -234,14 +245,22 @@ def _distinct_instances(domain: Domain, level: int, split: Split, n: int, rng: r
 
 
 def resolve_domains(spec: str) -> list[str]:
-    """`gym:add+sum`, `gym:train` (the training domains), `gym:held-out`, `gym:all`, `gym`."""
+    """`gym:add+sum`, `gym:train` (the training domains), `gym:held-out`, `gym:all`, `gym`.
+
+    Groups and names combine with `+`: `gym:train+search` is the training domains and `search`.
+    The groups hold the default domains only; an opt-in domain (`search`) is selected by name.
+    """
     from taut.tasks.gym.domains import HELD_OUT_DOMAINS, TRAINING_DOMAINS
 
     _, _, rest = spec.partition(":")
     groups = {"": TRAINING_DOMAINS, "train": TRAINING_DOMAINS, "held-out": HELD_OUT_DOMAINS, "all": tuple(DOMAINS)}
     if rest in groups:
         return list(groups[rest])
-    return rest.split("+")
+    named_groups = {k: v for k, v in groups.items() if k}
+    names: list[str] = []
+    for part in rest.split("+"):
+        names += [name for name in named_groups.get(part, (part,)) if name not in names]
+    return names
 
 
 @dataclass(frozen=True)

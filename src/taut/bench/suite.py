@@ -1,0 +1,396 @@
+"""Benchmark suites: one study written as data — method families × strengths × seeds — run as
+one matrix from one shared start, and reported as a section of BENCHMARKS.md.
+
+A suite recipe is `recipes/bench-NAME.yaml` (`taut bench --suite NAME`). It is a bench recipe
+(`taut.bench.matrix.BenchConfig`) with three additions:
+
+    suite: NAME                  names the BENCHMARKS.md section it writes
+    title: …                     the section's heading
+    prepare: …                   optional: the command that builds the suite's model
+    methods:
+      - name: gate-off           a family …
+        seeds: [0, 1]
+        strategy: {name: mastery-gated-nogate}
+        sweep: {alpha: [0.25, 1.0, 4.0]}     # … one strategy parameter, weakest first
+        sampler: {mastered_fraction: adaptive}   # optional: draw batches with the mixture sampler
+
+A method with a `sweep` expands into one matrix method per value, named `FAMILY@PARAM=VALUE`;
+a method with a `sampler` runs as one phase of `steps` steps with that sampler. Everything else
+is the matrix: every method continues from one accuracy-RL start with the same rollouts.
+
+The section reports, per method (mean over seeds): accuracy and tokens against the start, and per
+level — on all domains and on the search domain alone — accuracy, tokens, necessary-step
+coverage and the rate of direct answers where steps are necessary (guesses, on the search
+domain), with a Pareto plot of the families' curves over their strengths.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from taut.bench.matrix import BenchConfig
+from taut.builtin_recipes import RECIPES
+from taut.config import ConfigError
+
+SUITE_DIR = RECIPES                 # the shipped recipes (the repository's recipes/ is the same folder)
+MARKERS = "osD^v<>p"        # families that coincide stay visible
+
+
+@dataclass(frozen=True)
+class Curve:
+    family: str
+    param: str | None                 # the swept strategy parameter; None: a single point
+    points: tuple[tuple[str, Any], ...]   # (matrix method name, value), weakest first
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    title: str
+    bench: BenchConfig
+    curves: tuple[Curve, ...]
+    path: Path
+    prepare: str | None = None      # the command that builds the model the suite starts from
+
+
+def suite_path(name: str) -> Path:
+    path = SUITE_DIR / f"bench-{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem.removeprefix("bench-") for p in SUITE_DIR.glob("bench-*.yaml"))
+        raise ConfigError(f"no suite {name!r}: {path} does not exist (suites here: {', '.join(known) or 'none'})")
+    return path
+
+
+def load_suite(path: Path, quick: bool = False) -> Suite:
+    """The suite recipe at `path`, its `quick:` overrides applied when `quick`, sweeps expanded."""
+    path = Path(path)
+    where = f"{path}{' (quick)' if quick else ''}"
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a suite recipe is a mapping with suite, title and methods")
+    quick_overrides = raw.pop("quick", {}) or {}
+    if quick:
+        raw = {**raw, **quick_overrides}
+    for key in ("suite", "title"):
+        if not isinstance(raw.get(key), str):
+            raise ConfigError(f"{where}: field {key!r}: expected a string, got {raw.get(key)!r}")
+    name, title, prepare = raw.pop("suite"), raw.pop("title"), raw.pop("prepare", None)
+    methods, curves = [], []
+    for index, method in enumerate(raw.get("methods") or []):
+        expanded, curve = _expand(method, raw.get("steps", BenchConfig.model_fields["steps"].default), f"{where}: methods[{index}]")
+        methods += expanded
+        curves.append(curve)
+    names = [m["name"] for m in methods]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{where}: methods: duplicate method names after expanding sweeps: {', '.join(duplicates)}")
+    try:
+        bench = BenchConfig.model_validate({**raw, "methods": methods})
+    except ValidationError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return Suite(name, title, bench, tuple(curves), path, prepare)
+
+
+def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
+    if not isinstance(method, dict) or not isinstance(method.get("name"), str):
+        raise ConfigError(f"{where}: expected a mapping with a name, got {method!r}")
+    method = dict(method)
+    family = method["name"]
+    sweep = method.pop("sweep", None)
+    sampler = method.pop("sampler", None)
+    strategy = method.get("strategy")
+    if (sweep is not None or sampler is not None) and not isinstance(strategy, dict):
+        raise ConfigError(f"{where} ({family}): a sweep or a sampler needs a strategy mapping, got strategy={strategy!r}")
+    if sweep is None:
+        variants, param = [(family, strategy)], None
+    else:
+        if not (isinstance(sweep, dict) and len(sweep) == 1 and isinstance(next(iter(sweep.values())), list)
+                and next(iter(sweep.values()))):
+            raise ConfigError(f"{where} ({family}): sweep: expected one strategy parameter and a non-empty list of "
+                              f"values, e.g. {{alpha: [0.25, 1.0, 4.0]}}; got {sweep!r}")
+        (param, values), = sweep.items()
+        if param == "name":
+            raise ConfigError(f"{where} ({family}): sweep: cannot sweep the strategy's name")
+        variants = [(f"{family}@{param}={value}", {**strategy, param: value}) for value in values]
+    out = []
+    for name, strat in variants:
+        entry = {**method, "name": name}
+        if sampler is not None:
+            entry.pop("strategy", None)
+            entry["phases"] = [{"name": family, "steps": steps, "strategy": strat, "sampler": sampler}]
+        elif strat is not None:
+            entry["strategy"] = strat
+        out.append(entry)
+    points = tuple((name, None if param is None else strat[param]) for name, strat in variants)
+    return out, Curve(family, param, points)
+
+
+# ---------------------------------------------------------------------------------------------
+# running and reporting
+# ---------------------------------------------------------------------------------------------
+
+
+def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str) -> dict[str, Any]:
+    """Run the suite's matrix (`run_bench`), then its tables, its figure and its section."""
+    from taut.bench.matrix import run_bench
+    from taut.models import resolve_model_path
+
+    try:
+        resolve_model_path(suite.bench.model)
+    except FileNotFoundError as err:
+        hint = f"; build it first: {suite.prepare}" if suite.prepare else ""
+        raise ConfigError(f"{suite.path}: model: {err}{hint}") from None
+    summary = run_bench(suite.bench, out, None, command)
+    tables = suite_tables(summary, start_samples=Path(out) / "start-eval.samples.jsonl")
+    (Path(out) / "suite.json").write_text(json.dumps({"suite": suite.name, **tables}, indent=1))
+    figure_dir = (benchmarks_md.parent / "docs" / "figures") if benchmarks_md is not None else Path(out)
+    figure = pareto_curves(suite, tables["rows"], tables["start"], figure_dir / f"{suite.name}-pareto.png")
+    if benchmarks_md is not None:
+        link = figure.relative_to(benchmarks_md.parent) if figure is not None else None
+        write_section(benchmarks_md, suite.name, results_section(suite, summary, tables, link))
+    return {**summary, "suite": tables}
+
+
+def _necessary(domain: str, level: int) -> bool:
+    from taut.tasks.gym.domains import get_domain
+
+    return level not in get_domain(domain).direct_levels
+
+
+def level_stats(evaluation: dict, domains: set[str] | None = None) -> dict[str, dict[str, float | None]]:
+    """Per level, from an evaluation's domain × level cells (optionally only some domains):
+    accuracy, tokens, necessary-step coverage, and the rate of direct answers (no step written)
+    on cells whose steps are necessary."""
+    by_level: dict[str, list[tuple[str, dict]]] = {}
+    for cell, s in evaluation["by_cell"].items():
+        domain, _, level = cell.rpartition("/")
+        if (domains is None or domain in domains) and s.get("n_samples"):
+            by_level.setdefault(level, []).append((domain, s))
+    out = {}
+    for level, cells in sorted(by_level.items(), key=lambda kv: int(kv[0])):
+        def weighted(key, keep=lambda d: True):
+            pairs = [(s["n_samples"], s[key]) for d, s in cells if keep(d) and s.get(key) is not None]
+            total = sum(n for n, _ in pairs)
+            return sum(n * v for n, v in pairs) / total if total else None
+        thinks = weighted("thinks_rate", lambda d: _necessary(d, int(level)))
+        out[level] = {"accuracy": weighted("accuracy"), "tokens": weighted("tokens_mean"), "coverage": weighted("coverage"),
+                      "direct_where_necessary": None if thinks is None else 1 - thinks,
+                      "samples": sum(s["n_samples"] for _, s in cells)}
+    return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def guess_stats(samples_path: Path, domains: set[str]) -> dict[str, float | None]:
+    """From an evaluation's samples on the given (search) domains: the share of responses that
+    answer without writing a step (guesses), and the accuracy of those guesses — against chance,
+    1/10 for a random digit and 1/2 for a pick between the two digits the target allows."""
+    if not samples_path.exists():
+        return {"guess_rate": None, "guess_accuracy": None}
+    samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+    ours = [s for s in samples if s["domain"] in domains and s["thinks"] is not None]
+    guesses = [s for s in ours if not s["thinks"]]
+    return {"guess_rate": len(guesses) / len(ours) if ours else None,
+            "guess_accuracy": statistics.fmean(s["correct"] for s in guesses) if guesses else None}
+
+
+def _samples_path(result: dict[str, Any], evaluation: dict) -> Path:
+    """Where `evaluate_target` wrote the samples of a method's evaluation."""
+    return Path(result["run_dir"]) / "eval" / f"{Path(evaluation['checkpoint']).name}.samples.jsonl"
+
+
+def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> dict[str, Any]:
+    """One row per matrix method (mean over seeds) and the start's row, with per-level stats."""
+    from taut.tasks.gym.domains import OPT_IN_DOMAINS
+
+    search = set(OPT_IN_DOMAINS)
+
+    def row_of(evals: list[dict], samples: list[Path | None]) -> dict[str, Any]:
+        guesses = [guess_stats(p, search) for p in samples if p is not None]
+        row: dict[str, Any] = {
+            "accuracy": _mean([e["overall"]["accuracy"] for e in evals]),
+            "tokens": _mean([e["overall"]["tokens_mean"] for e in evals]),
+            "search_accuracy": _mean([_domain_mean(e, search, "accuracy") for e in evals]),
+            "search_tokens": _mean([_domain_mean(e, search, "tokens_mean") for e in evals]),
+            "search_guess_rate": _mean([g["guess_rate"] for g in guesses]),
+            "search_guess_accuracy": _mean([g["guess_accuracy"] for g in guesses]),
+        }
+        for key, domains in (("levels", None), ("search_levels", search)):
+            per = [level_stats(e, domains) for e in evals]
+            levels = sorted({lv for p in per for lv in p}, key=int)
+            row[key] = {lv: {k: _mean([p[lv][k] for p in per if lv in p]) for k in ("accuracy", "tokens", "coverage", "direct_where_necessary")}
+                        for lv in levels}
+        return row
+
+    start = row_of([summary["start"]], [start_samples])
+    groups: dict[str, list[tuple[dict, Path | None]]] = {}
+    for r in summary["results"].values():
+        for label, e in r["evals"].items():
+            name = r["method"] if label == "final" else f"{r['method']} ({label})"
+            path = _samples_path(r, e) if "run_dir" in r and "checkpoint" in e else None
+            groups.setdefault(name, []).append((e, path))
+    rows = []
+    for name, pairs in groups.items():
+        row = {"method": name, "seeds": len(pairs), **row_of([e for e, _ in pairs], [p for _, p in pairs])}
+        row["length_change"] = row["tokens"] / start["tokens"] - 1
+        row["accuracy_change"] = row["accuracy"] - start["accuracy"]
+        rows.append(row)
+    return {"start": start, "rows": rows}
+
+
+def _domain_mean(evaluation: dict, domains: set[str], key: str) -> float | None:
+    cells = [s for d, s in evaluation["by_domain"].items() if d in domains and s.get("n_samples")]
+    total = sum(s["n_samples"] for s in cells)
+    return sum(s["n_samples"] * s[key] for s in cells) / total if total else None
+
+
+def pareto_curves(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path | None:
+    """Accuracy against tokens: each family a curve over its strengths (mean over seeds)."""
+    from matplotlib.figure import Figure
+
+    from taut.report.figures import run_colors
+
+    by_name = {r["method"]: r for r in rows}
+    curves = [c for c in suite.curves if any(name in by_name for name, _ in c.points)]
+    if not curves:
+        return None
+    fig = Figure(figsize=(7.5, 5.0), layout="constrained")
+    panels = (("accuracy", "tokens", "all domains"), ("search_accuracy", "search_tokens", "search domain"))
+    axes = fig.subplots(1, 2)
+    for ax, (acc, tok, title) in zip(axes, panels):
+        for i, (curve, color) in enumerate(zip(curves, run_colors(len(curves)))):
+            pts = [(by_name[n][tok], by_name[n][acc], v) for n, v in curve.points if n in by_name and by_name[n][acc] is not None]
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=MARKERS[i % len(MARKERS)], color=color,
+                    label=curve.family, markersize=5, fillstyle="none" if i % 2 else "full")
+            for x, y, v in pts:
+                if v is not None:
+                    ax.annotate(f"{v:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color=color)
+        if start.get(acc) is not None:
+            ax.plot([start[tok]], [start[acc]], "k*", markersize=10, label="start")
+        ax.set_xlabel("mean tokens")
+        ax.set_ylabel("accuracy")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the BENCHMARKS.md section
+# ---------------------------------------------------------------------------------------------
+
+
+def section_markers(name: str) -> tuple[str, str]:
+    return f"<!-- suite:{name} -->", f"<!-- /suite:{name} -->"
+
+
+def write_section(path: Path, name: str, text: str) -> None:
+    """Put `text` between the suite's markers in `path`: replace the old block or append one."""
+    path = Path(path)
+    start, end = section_markers(name)
+    block = f"{start}\n{text.strip()}\n{end}"
+    current = path.read_text() if path.exists() else ""
+    if start in current and end in current:
+        head, rest = current.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        path.write_text(head + block + tail)
+    else:
+        path.write_text(current.rstrip("\n") + ("\n\n" if current else "") + block + "\n")
+
+
+def design_lines(suite: Suite) -> list[str]:
+    """The study as run: methods × strengths × seeds, and the shared settings."""
+    bench = suite.bench
+    seeds = {m.name: m.seeds for m in bench.methods}
+    runs = sum(len(s) for s in seeds.values())
+    lines = [
+        f"Recipe `{suite.path}`, starting from `{bench.model}`" + (f", built by `{suite.prepare}`." if suite.prepare else "."),
+        f"{bench.start_steps} accuracy-RL steps make the shared start; then {bench.steps} RL steps per method of "
+        f"{bench.rl.prompts_per_step} prompts × {bench.rl.group_size} rollouts",
+        f"(dynamic sampling {'on' if bench.rl.dynamic_sampling else 'off'}), training on {', '.join(map(str, bench.train))}; "
+        f"evaluated on the test split of {', '.join(map(str, bench.eval.tasks or ['gym:all']))},",
+        f"{bench.eval.n_per_level} problems per domain and level, {bench.eval.samples} sample(s) each. {runs} training runs.",
+        "",
+        "| family | swept | values (weakest first) | seeds |",
+        "|---|---|---|---|",
+    ]
+    for c in suite.curves:
+        values = ", ".join(f"{v:g}" if isinstance(v, (int, float)) else str(v) for _, v in c.points) if c.param else "–"
+        lines.append(f"| {c.family} | {c.param or '–'} | {values} | {', '.join(map(str, seeds[c.points[0][0]]))} |")
+    return lines
+
+
+def plan_section(suite: Suite, command: str) -> str:
+    """The section before the study has run: the design and the command, marked not yet run."""
+    return "\n".join([
+        f"## {suite.title} — not yet run",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        *design_lines(suite),
+        "",
+        "No numbers yet: this section is replaced by the measured tables and the Pareto plot when the",
+        "command above runs.",
+    ])
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _level_cell(s: dict) -> str:
+    return f"{_f(s['accuracy'])} / {_f(s['tokens'], 1)} / {_f(s['coverage'])} / {_f(s['direct_where_necessary'])}"
+
+
+def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any], figure: Path | None) -> str:
+    start, rows = tables["start"], sorted(tables["rows"], key=lambda r: r["method"])
+    lines = [
+        f"## {suite.title}",
+        "",
+        "```",
+        summary["command"],
+        "```",
+        "",
+        f"Ran in {summary['seconds'] / 60:.1f} minutes on this machine. Generated; the numbers are measured, not edited.",
+        "",
+        *design_lines(suite),
+        "",
+        f"**Start**: accuracy {start['accuracy']:.3f}, {start['tokens']:.1f} tokens; search domain "
+        f"{_f(start['search_accuracy'], 3)} / {_f(start['search_tokens'], 1)} tokens, guesses {_f(start['search_guess_rate'])} "
+        f"of its answers, right {_f(start['search_guess_accuracy'])} of the time.",
+        "",
+        "Search guesses: the share of search answers written without a step, and their accuracy (chance: 0.10 for a",
+        "random digit, 0.50 for a pick between the two digits the target allows).",
+        "",
+        "| method | seeds | accuracy | tokens | length change | accuracy change | search accuracy | search tokens | search guesses | guesses right |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['seeds']} | {r['accuracy']:.3f} | {r['tokens']:.1f} | {100 * r['length_change']:+.1f}% | "
+                     f"{100 * r['accuracy_change']:+.1f} pts | {_f(r['search_accuracy'], 3)} | {_f(r['search_tokens'], 1)} | "
+                     f"{_f(r['search_guess_rate'])} | {_f(r['search_guess_accuracy'])} |")
+    for key, title in (("levels", "all domains"), ("search_levels", "search domain")):
+        levels = sorted({lv for r in [start, *rows] for lv in r[key]}, key=int)
+        lines += ["", f"Per level, {title}: accuracy / tokens / necessary-step coverage / direct answers where steps are necessary",
+                  "", "| method | " + " | ".join(f"level {lv}" for lv in levels) + " |", "|---|" + "---|" * len(levels)]
+        for r in [{"method": "start", **start}, *rows]:
+            lines.append(f"| {r['method']} | " + " | ".join(_level_cell(r[key][lv]) if lv in r[key] else "–" for lv in levels) + " |")
+    if figure is not None:
+        lines += ["", "**Accuracy against tokens, each family over its strengths**", "", f"![{suite.name} Pareto curves]({figure})"]
+    return "\n".join(lines)
