@@ -173,6 +173,10 @@ class RLConfig(Strict):
     log_every: int = Field(1, gt=0)
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf "
                                                            "(each skipped step is undone and counted)")
+    undo_nonfinite_steps: bool = Field(
+        True, description="keep a copy of the trainable weights and their optimizer state before each step, to undo a step "
+                          "whose weights become non-finite (costs that memory: turn off for large full fine-tunes; a "
+                          "non-finite gradient is still skipped, and non-finite weights then stop the run)")
 
     _betas_in_range = field_validator("betas")(_betas)
 
