@@ -586,3 +586,19 @@ def test_the_rl_loop_resumes_from_the_newest_intact_checkpoint_and_cuts_the_log_
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(line)["step"] for line in (damaged / "metrics.jsonl").read_text().splitlines() if "event" not in line]
     assert steps == [1, 2, 3, 4]
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_with_a_warning(tmp_path, capsys):
+    from taut.rl.trainer import train_rl
+
+    config = _toy_run(steps=4)
+    clean, torn = tmp_path / "clean", tmp_path / "torn"
+    train_rl(config, clean, quiet=True)
+    train_rl(config.model_copy(update={"rl": config.rl.model_copy(update={"steps": 2})}), torn, quiet=True)
+    with open(torn / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "phase": "main", "rew')                       # killed during an append
+    train_rl(config, torn, resume=True, quiet=True)
+    assert "torn last line" in " ".join(capsys.readouterr().err.split())
+    strip = lambda run: [{k: v for k, v in json.loads(line).items() if not k.endswith(("_time", "_per_s"))}  # noqa: E731
+                         for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert strip(torn) == strip(clean)
