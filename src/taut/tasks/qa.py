@@ -13,7 +13,7 @@ This module uses reasoning-gym's dataset generators only; it is independent of a
 reasoning-gym task spec.
 
 Pool: `POOL_PER_FAMILY` questions per family from the generator seed `GENERATOR_SEED` (pinned),
-duplicates dropped, assigned to train / validation / test by a hash of family and question.
+duplicates and questions whose reference answer reasoning-gym gets wrong (`WRONG_REFERENCES`) dropped, assigned to train / validation / test by a hash of family and question.
 `problems(split, n, seed)` returns up to n questions, spread evenly over the families. Domain
 `qa`, no difficulty levels; every question is `held_out` (RL recipes never train on it).
 
@@ -41,6 +41,10 @@ GENERATOR_SEED = 0
 POOL_PER_FAMILY = 200
 ANSWER_FORMAT = 'Give your final answer on the last line, in the form "Answer: <answer>".'
 ALIASES = {"yes": ("true",), "no": ("false",)}
+# reasoning-gym 0.1.25 inverts these family_relationships answers: for "What is A to B?" with B the
+# parent of A's spouse it answers B's role (mother-/father-in-law), not A's (son-/daughter-in-law);
+# for B an aunt or uncle of A it answers niece/nephew by B's gender, not A's. Those questions are dropped.
+WRONG_REFERENCES = {"family_relationships": {"mother-in-law", "father-in-law", "niece", "nephew"}}
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+")
 _EDGES = " \t\n.,;:!?\"'`*()[]{}"
 
@@ -76,6 +80,8 @@ def pool(families: tuple[str, ...], seed: int = GENERATOR_SEED, size: int = POOL
                 raise ValueError(f"qa: family {family!r} does not have short string answers "
                                  f"(got {entry['answer']!r}); choose a short-answer family such as {', '.join(FAMILIES)}")
             key = (family, entry["question"])
+            if entry["answer"] in WRONG_REFERENCES.get(family, ()):
+                continue
             if key not in seen:
                 seen.add(key)
                 out.append((family, entry["question"], entry["answer"]))
