@@ -208,7 +208,7 @@ def table(result: dict[str, Any], title: str = "evaluation") -> Table:
         )
 
     for name, s in result["by_cell"].items():
-        row(name, s)
+        row(name.removesuffix("/None"), s)              # tasks without difficulty levels: the domain alone
     for name in ("in_domain", "held_out", "overall"):
         if result[name].get("n_samples"):
             row(name.replace("_", "-"), result[name], style="bold")
