@@ -49,7 +49,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-LAUNCHER_ERROR = 125            # the launcher could not set the sandbox up (its stderr says why)
+LAUNCHER_ERROR = 125            # the launcher could not set the sandbox up (it says why on a pipe of its own)
 WALL_TIMEOUT = 124              # the launcher killed the program at the wall-clock limit
 UID_RANGE = (1_000_000, 2_000_000)
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
@@ -75,7 +75,7 @@ class Limits:
 @dataclass(frozen=True)
 class Outcome:
     passed: bool                 # exited with status 0 within every limit
-    status: str                  # "ok", "exit N", "signal NAME", "timeout", "launcher error"
+    status: str                  # "ok", "exit N", "signal NAME", "timeout"
     stdout: str
     stderr: str
     seconds: float
@@ -113,13 +113,14 @@ class Isolation:
 LAUNCHER = r'''
 import ctypes, json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
+errors = cfg["error_fd"]                      # setup failures go here; closed when the program is exec'd
+os.set_inheritable(errors, False)
 libc = ctypes.CDLL(None, use_errno=True)
 NEWNS, NEWPID, NEWNET, NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 
 def fail(what):
-    err = ctypes.get_errno()
-    sys.stderr.write(f"sandbox launcher: {what} failed: {os.strerror(err)}\n")
+    os.write(errors, f"{what} failed: {os.strerror(ctypes.get_errno())}".encode())
     os._exit(125)
 
 def unshare(flags, what):
@@ -157,7 +158,8 @@ if child == 0:
         if cfg["pid_namespace"] and cfg["mounts"]:
             mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None)
         for name, value in cfg["rlimits"].items():
-            resource.setrlimit(getattr(resource, name), (value, value))
+            hard = value + 1 if name == "RLIMIT_CPU" else value          # SIGXCPU at the limit, SIGKILL a second later
+            resource.setrlimit(getattr(resource, name), (value, hard))
         if cfg["uid"] is not None:
             os.setgroups([])
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
@@ -165,10 +167,10 @@ if child == 0:
         libc.prctl(1, signal.SIGKILL)                     # PR_SET_PDEATHSIG: die with the launcher
         libc.prctl(38, 1, 0, 0, 0)                        # PR_SET_NO_NEW_PRIVS
         if not cfg["pid_namespace"] and os.getppid() != launcher:
-            os._exit(125)                                 # the launcher died before PDEATHSIG was set
+            os._exit(137)                                 # the launcher was killed before PDEATHSIG was set
         os.execve(cfg["python"], [cfg["python"], "-I", "-S", "program.py"], cfg["env"])
     except BaseException as err:
-        sys.stderr.write(f"sandbox launcher: starting the program failed: {err!r}\n")
+        os.write(errors, f"starting the program failed: {err!r}".encode())
         os._exit(125)
 
 import time
@@ -218,11 +220,15 @@ def run_python(source: str, limits: Limits = Limits()) -> Outcome:
                     "PYTHONDONTWRITEBYTECODE": "1"},
         }
         t0 = time.perf_counter()
+        setup_errors, config["error_fd"] = os.pipe()
         with open(logs / "stdout", "wb") as out, open(logs / "stderr", "wb") as err:
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(config)], cwd=work,
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, close_fds=True)
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(config)], cwd=work,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True, close_fds=True, pass_fds=(config["error_fd"],))
+            finally:
+                os.close(config["error_fd"])
             try:
                 code = process.wait(timeout=limits.wall_seconds + 5.0)
             except subprocess.TimeoutExpired:            # the launcher itself hung: a backstop
@@ -233,8 +239,15 @@ def run_python(source: str, limits: Limits = Limits()) -> Outcome:
             _kill_uid(uid)
         seconds = time.perf_counter() - t0
         stdout, stderr = _head(logs / "stdout", limits.output_bytes), _head(logs / "stderr", limits.output_bytes)
-    if code == LAUNCHER_ERROR and stderr.startswith("sandbox launcher:"):
-        raise SandboxError(stderr.strip())
+        os.set_blocking(setup_errors, False)
+        try:
+            failure = os.read(setup_errors, 4096).decode("utf-8", errors="replace")
+        except BlockingIOError:                          # a writer still open: the launcher wrote nothing
+            failure = ""
+        finally:
+            os.close(setup_errors)
+    if failure:
+        raise SandboxError(f"the sandbox could not be set up: {failure}")
     return Outcome(passed=code == 0, status=_status(code), stdout=stdout, stderr=stderr, seconds=seconds)
 
 
@@ -256,8 +269,6 @@ def _status(code: int) -> str:
         return "ok"
     if code == WALL_TIMEOUT:
         return "timeout"
-    if code == LAUNCHER_ERROR:
-        return "launcher error"
     if code > 128:
         try:
             return f"signal {signal.Signals(code - 128).name}"
