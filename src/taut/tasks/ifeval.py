@@ -12,8 +12,8 @@ package version gives the same prompts on every machine), assigned to train / va
 by a hash of their id. These are *not* the IFEval prompts: scores are comparable between taut
 runs, not with published IFEval numbers.
 
-Checkers left out, because they need nltk's punkt data, which no package with a clear license
-ships (nltk downloads it at run time): `length_constraints:number_sentences` (punkt sentence
+Checkers left out, because they need nltk's punkt data, which nltk downloads at run time and no
+package we checked ships (docs/transfer.md): `length_constraints:number_sentences` (punkt sentence
 splitter) and `change_case:capital_word_frequency` (nltk.word_tokenize). Every other IFEval
 checker in the registry is used. `language:response_language` uses langdetect, seeded here
 (`DetectorFactory.seed = 0`) so that its verdicts are deterministic.
