@@ -14,7 +14,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet "$(TORCH)" -e ".[math,data,lora,trl,tensorboard,wandb,test]"
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[math,data,lora,trl,tensorboard,wandb,test,transfer]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,7 +17,7 @@ import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 from rich import box
@@ -31,6 +31,14 @@ from taut.tasks import Problem, Task
 from taut.tasks.base import OracleTask
 
 LENGTH_EDGES = [0, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+
+
+@runtime_checkable
+class ScoredTask(Protocol):
+    """A task that reports named scores besides correctness (IFEval: strict and loose, prompt and
+    instruction level); evaluation averages each over the samples that have it."""
+
+    def scores(self, problem: Problem, response: str, complete: bool) -> dict[str, float]: ...
 
 
 @dataclass
@@ -50,6 +58,7 @@ class Sample:
     coverage: float | None = None
     thinks: bool | None = None
     post_answer_rounds: bool | None = None
+    scores: dict[str, float] | None = None     # a ScoredTask's named scores
     text: str = field(default="", repr=False)
 
 
@@ -112,6 +121,8 @@ def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], trunc
         a = task.analyze(problem, text, complete=not truncated)
         sample.redundant_tokens, sample.necessary_length = a.redundant_tokens, a.necessary_length
         sample.coverage, sample.thinks, sample.post_answer_rounds = a.coverage, a.thinks, a.post_answer_rounds
+    if isinstance(task, ScoredTask):
+        sample.scores = task.scores(problem, text, complete=not truncated)
     return sample
 
 
@@ -148,6 +159,9 @@ def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
             "thinks_rate": mean([s.thinks for s in oracle]),
             "rounds_rate": mean([s.post_answer_rounds for s in oracle]),
         })
+    scored = [s.scores for s in samples if s.scores is not None]
+    if scored:
+        out["scores"] = {k: mean([s[k] for s in scored if k in s]) for k in sorted({k for s in scored for k in s})}
     return out
 
 
@@ -165,6 +179,7 @@ def report(samples: list[Sample], cfg: EvalConfig, meta: dict[str, Any]) -> dict
         "overall": summarize(samples, budgets),
         "in_domain": summarize([s for s in samples if not s.held_out], budgets),
         "held_out": summarize([s for s in samples if s.held_out], budgets),
+        "held_out_domains": sorted({s.domain for s in samples if s.held_out}),
         **{name: {k: summarize(v, budgets) for k, v in sorted(g.items())} for name, g in groups.items()},
         "length_hist": {
             "edges": LENGTH_EDGES,
@@ -212,7 +227,7 @@ def table(result: dict[str, Any], title: str = "evaluation") -> Table:
         )
 
     for name, s in result["by_cell"].items():
-        row(name, s)
+        row(name.removesuffix("/None"), s)              # tasks without difficulty levels: the domain alone
     for name in ("in_domain", "held_out", "overall"):
         if result[name].get("n_samples"):
             row(name.replace("_", "-"), result[name], style="bold")

