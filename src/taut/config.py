@@ -97,7 +97,20 @@ class FileTaskConfig(Strict):
         None, description="the split this file holds; default: rows are assigned to splits by a hash of their id")
 
 
-TaskSpec = Union[str, FileTaskConfig]
+class ReasoningGymTaskConfig(Strict):
+    """A reasoning-gym task with its settings (taut.tasks.reasoning_gym); the plain string
+    `reasoning-gym:<name>` is the same task with the library's defaults."""
+
+    task: str = Field(pattern=r"^reasoning-gym:\w+$", description="reasoning-gym:<name>, e.g. reasoning-gym:chain_sum")
+    config: dict[str, Any] = Field(default_factory=dict, description="the library's config fields, for every level")
+    levels: dict[int, dict[str, Any]] | Literal["curriculum"] | None = Field(
+        None, description="difficulty level -> config fields; curriculum: the library's curriculum levels; default: one level")
+    answer_format: Literal["boxed", "answer-tags"] = Field("boxed", description="how the prompt asks for the final answer")
+    name: str | None = Field(None, description="task name in reports (default: the library's name)")
+    held_out: bool = Field(False, description="evaluated only; RL never trains on it")
+
+
+TaskSpec = Union[str, FileTaskConfig, ReasoningGymTaskConfig]
 
 
 class DataConfig(Strict):

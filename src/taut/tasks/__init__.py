@@ -7,13 +7,15 @@ Task specs in recipes:
     gym:all                   every testbed domain
     file:PATH                 a data file with the default columns (prompt, answer) and the math verifier
     {path: …, columns: …}     a data file described by a `FileTaskConfig` (see taut.tasks.files)
+    reasoning-gym:NAME        a reasoning-gym task; {task: reasoning-gym:NAME, config: …, levels: …}
+                              gives its settings (see taut.tasks.reasoning_gym)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from taut.config import FileTaskConfig, TaskSpec
+from taut.config import FileTaskConfig, ReasoningGymTaskConfig, TaskSpec
 from taut.tasks.base import Problem, Split, Task, Verdict
 
 TaskFactory = Callable[[str, "list[int] | None"], Task]
@@ -42,14 +44,23 @@ def _file_task(config: FileTaskConfig, levels: list[int] | None) -> Task:
     return FileTask(config, levels)
 
 
+def _reasoning_gym(spec: str | ReasoningGymTaskConfig, levels: list[int] | None) -> Task:
+    from taut.tasks.reasoning_gym import ReasoningGymTask
+
+    return ReasoningGymTask(spec if isinstance(spec, ReasoningGymTaskConfig) else ReasoningGymTaskConfig(task=spec), levels)
+
+
 register_task("gym", _gym)
 register_task("file", _file)
+register_task("reasoning-gym", _reasoning_gym)
 
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None) -> Task:
     """The task a recipe names: a `kind:…` string or a data file's `FileTaskConfig`."""
     if isinstance(spec, FileTaskConfig):
         return _file_task(spec, levels)
+    if isinstance(spec, ReasoningGymTaskConfig):
+        return _reasoning_gym(spec, levels)
     kind, _, _ = spec.partition(":")
     if kind not in _FACTORIES:
         raise ValueError(f"unknown task {spec!r}; known kinds: {', '.join(f'{k}:…' for k in _FACTORIES)}, "
