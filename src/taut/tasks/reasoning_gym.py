@@ -148,7 +148,7 @@ def extract_answer(response: str, answer_format: str) -> str | None:
         boxed, unclosed = last_boxed(region)
         return None if unclosed or boxed is None else (boxed.strip() or None)
     tags = _ANSWER_TAGS.findall(region)
-    return tags[-1].strip() or None if tags else None
+    return (tags[-1].strip() or None) if tags else None
 
 
 def level_configs(config: ReasoningGymTaskConfig) -> dict[int, dict[str, Any]]:
