@@ -271,7 +271,8 @@ def test_lora_run_resumed_with_the_trainer_matches_an_uninterrupted_run(model_di
 def test_real_recipe_runs_on_cpu_with_a_tiny_model(recipe, model_dir, tmp_path):
     run = tmp_path / "run"
     command = [sys.executable, "-m", "taut.cli", "train", "--config", str(recipe), "--set", f"model={model_dir}",
-               "--set", "rl.steps=2", "--set", "model.threads=1", "--out", str(run), "--quiet"]
+               "--set", "rl.steps=2", "--set", "model.threads=1", "--set", "data.pool_per_level=20",
+               "--out", str(run), "--quiet"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]

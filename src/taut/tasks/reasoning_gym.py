@@ -97,12 +97,12 @@ class ReasoningGymTask:
         out = []
         for level, cfg in self.level_config.items():
             candidates = int(CANDIDATES_PER_PROBLEM * n_per_level / SPLIT_FRACTIONS[split]) + 10
-            dataset = _dataset(self.library_name, cfg, seed=_seed(seed, self.name, level, split), size=candidates)
+            dataset = _dataset(self.library_name, cfg, seed=_seed(seed, self.library_name, level, split), size=candidates)
             found: dict[str, Problem] = {}
             for index in range(candidates):
                 item = dataset[index]
                 question = item["question"]
-                if split_of(f"{self.name}:{question}") != split:
+                if split_of(f"{self.library_name}:{question}") != split:     # renaming a task never moves a problem
                     continue
                 key = hashlib.blake2b(question.encode(), digest_size=6).hexdigest()
                 if key not in found:
