@@ -28,7 +28,7 @@ def test_string_and_mapping_specs_validate_in_a_recipe(tmp_path):
     assert config.data.train[0] == "reasoning-gym:chain_sum"
     assert config.data.train[1] == ReasoningGymTaskConfig(task="reasoning-gym:leg_counting", levels="curriculum", held_out=True)
     recipe.write_text("data:\n  train:\n    - {task: reasoning-gym:chain_sum, levls: {1: {}}}\n")
-    with pytest.raises(ConfigError, match="levls"):
+    with pytest.raises(ConfigError, match=r"unknown key .data.train.0.levls. \(did you mean .data.train.0.levels.\?\); valid keys here: task, config, levels"):
         load_config(recipe)
 
 

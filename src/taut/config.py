@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from taut.length import StrategyConfig
 from taut.length.none import NoneConfig
@@ -110,7 +110,18 @@ class ReasoningGymTaskConfig(Strict):
     held_out: bool = Field(False, description="evaluated only; RL never trains on it")
 
 
-TaskSpec = Union[str, FileTaskConfig, ReasoningGymTaskConfig]
+def _task_kind(value: Any) -> str:
+    """Which form a task spec takes, so that a bad one is reported against that form only."""
+    if isinstance(value, dict):
+        return "reasoning-gym" if "task" in value else "file"
+    if isinstance(value, (FileTaskConfig, ReasoningGymTaskConfig)):
+        return "file" if isinstance(value, FileTaskConfig) else "reasoning-gym"
+    return "str"
+
+
+TASK_FORMS = {"file": FileTaskConfig, "reasoning-gym": ReasoningGymTaskConfig}
+TaskSpec = Annotated[Union[Annotated[str, Tag("str")], Annotated[FileTaskConfig, Tag("file")],
+                           Annotated[ReasoningGymTaskConfig, Tag("reasoning-gym")]], Discriminator(_task_kind)]
 
 
 class DataConfig(Strict):
@@ -394,6 +405,9 @@ def _valid_keys(model: type[BaseModel], loc: tuple, raw: dict) -> list[str]:
     for part in loc:
         if isinstance(part, str) and part in REGISTRY:
             current = REGISTRY[part].config
+            continue
+        if isinstance(part, str) and part in TASK_FORMS:
+            current = TASK_FORMS[part]
             continue
         if isinstance(part, int):
             continue
