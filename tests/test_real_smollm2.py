@@ -136,9 +136,14 @@ def test_fast_decode_greedy_tokens_equal_model_generate(dtype):
     # min_new_tokens keeps every row decoding for all 64 steps (no early end of turn)
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, min_new_tokens=NEW_TOKENS)
     engine = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=True, autocast=policy.autocast)
-    got = engine.generate(prompt_ids, 1, params).tokens
-    assert got == _generate_greedy(policy, prompt_ids, NEW_TOKENS)
-    assert all(len(row) == NEW_TOKENS for row in got)
+    expected = _generate_greedy(policy, prompt_ids, NEW_TOKENS)
+    assert [engine.generate([ids], 1, params).tokens[0] for ids in prompt_ids] == expected
+    if dtype == "float32":
+        # A left-padded batch is compared in fp32 only: under bf16 autocast a padded batch rounds
+        # differently from a lone prompt, and greedy choices flip after ~15 tokens on the generic
+        # HF path as well (measured), so that is not a property of the fast path.
+        assert engine.generate(prompt_ids, 1, params).tokens == expected
+    assert all(len(row) == NEW_TOKENS for row in expected)
 
 
 @pytest.mark.slow
