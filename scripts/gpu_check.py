@@ -58,7 +58,8 @@ def load_configs():
 
 
 def decode_parity() -> dict[str, str]:
-    """Greedy tokens of each engine against `model.generate` in bf16, prompt by prompt."""
+    """Greedy tokens of each engine against `model.generate` in bf16, prompt by prompt (a padded
+    batch rounds differently from a lone prompt in bf16, on any engine)."""
     import torch
 
     from taut.config import ModelConfig
@@ -81,7 +82,8 @@ def decode_parity() -> dict[str, str]:
     except ImportError:
         out["vllm"] = "not installed (pip install 'taut[vllm]')"
     for name, make in engines.items():
-        rows = make().generate(prompts, 1, params).tokens
+        engine = make()
+        rows = [engine.generate([ids], 1, params).tokens[0] for ids in prompts]    # prompt by prompt, as generate runs
         same = [a == b for a, b in zip(rows, reference)]
         first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(rows, reference)]
         out[name] = f"{sum(same)}/{len(same)} prompts identical" + ("" if all(same) else f" (first differing token: {first})")
