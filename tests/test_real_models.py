@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from taut.config import ModelConfig, RunConfig
@@ -270,13 +271,54 @@ def test_lora_run_resumed_with_the_trainer_matches_an_uninterrupted_run(model_di
 def test_real_recipe_runs_on_cpu_with_a_tiny_model(recipe, model_dir, tmp_path):
     run = tmp_path / "run"
     command = [sys.executable, "-m", "taut.cli", "train", "--config", str(recipe), "--set", f"model={model_dir}",
-               "--set", "rl.steps=2", "--set", "model.threads=1", "--out", str(run), "--quiet"]
+               "--set", "rl.steps=2", "--set", "model.threads=1", "--set", "data.pool_per_level=20",
+               "--out", str(run), "--quiet"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     records = [r for r in _records(run) if "accuracy" in r]
     assert [r["step"] for r in records] == [1, 2]
-    strategy = records[0]["strategy"]
-    if strategy == "siri":
-        assert records[0]["cap"] == 16384                     # L_max at the start of the cycle
+    strategy = yaml.safe_load(recipe.read_text()).get("strategy", {})
+    if strategy.get("name") == "siri":
+        assert records[0]["cap"] == strategy["l_max"]         # L_max at the start of the cycle
     assert all(r["verifier_errors"] == 0 for r in records)
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints load with AutoTokenizer as the tokenizer that was saved
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["testbed", "tiny-chat"])
+def test_checkpoint_tokenizer_round_trips_through_auto_tokenizer(source, model_dir, tmp_path):
+    """transformers reads a qwen2 checkpoint's plain tokenizer as Qwen2Tokenizer unless told
+    otherwise, which drops the testbed's words (`add`, `<think>`) and generates garbage."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from taut.models import TOKENIZER_PROBES, build_testbed_model, load_policy, save_policy
+
+    policy = build_testbed_model("tiny") if source == "testbed" else load_policy(ModelConfig(path=str(model_dir)))
+    save_policy(policy, tmp_path / "ckpt")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    prompt = "add 3 4 = <think>" if source == "testbed" else "What is 2+2?"
+    for text in (*TOKENIZER_PROBES, prompt):
+        ids = policy.tokenizer(text).input_ids
+        assert tokenizer(text).input_ids == ids and tokenizer.decode(ids) == policy.tokenizer.decode(ids)
+    assert tokenizer.chat_template == policy.tokenizer.chat_template
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    expected = policy.model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert torch.equal(out, expected)
+
+
+def test_the_shipped_testbed_checkpoint_loads_with_auto_tokenizer():
+    from transformers import AutoTokenizer
+
+    from taut.models import ASSETS, load_tokenizer
+
+    ours = load_tokenizer(str(ASSETS / "testbed-sft"))
+    auto = AutoTokenizer.from_pretrained(ASSETS / "testbed-sft")
+    text = "add 3 4 = <think> 3 + 4 = 7 ; </think> answer 7"
+    assert auto(text).input_ids == ours(text).input_ids and ours.decode(ours(text).input_ids).endswith("answer 7")

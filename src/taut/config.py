@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from taut.length import StrategyConfig
 from taut.length.none import NoneConfig
@@ -107,7 +107,31 @@ class FileTaskConfig(Strict):
         None, description="the split this file holds; default: rows are assigned to splits by a hash of their id")
 
 
-TaskSpec = Union[str, FileTaskConfig]
+class ReasoningGymTaskConfig(Strict):
+    """A reasoning-gym task with its settings (taut.tasks.reasoning_gym); the plain string
+    `reasoning-gym:<name>` is the same task with the library's defaults."""
+
+    task: str = Field(pattern=r"^reasoning-gym:\w+$", description="reasoning-gym:<name>, e.g. reasoning-gym:chain_sum")
+    config: dict[str, Any] = Field(default_factory=dict, description="the library's config fields, for every level")
+    levels: dict[int, dict[str, Any]] | Literal["curriculum"] | None = Field(
+        None, description="difficulty level -> config fields; curriculum: the library's curriculum levels; default: one level")
+    answer_format: Literal["boxed", "answer-tags"] = Field("boxed", description="how the prompt asks for the final answer")
+    name: str | None = Field(None, description="task name in reports (default: the library's name)")
+    held_out: bool = Field(False, description="evaluated only; RL never trains on it")
+
+
+def _task_kind(value: Any) -> str:
+    """Which form a task spec takes, so that a bad one is reported against that form only."""
+    if isinstance(value, dict):
+        return "reasoning-gym" if "task" in value else "file"
+    if isinstance(value, (FileTaskConfig, ReasoningGymTaskConfig)):
+        return "file" if isinstance(value, FileTaskConfig) else "reasoning-gym"
+    return "str"
+
+
+TASK_FORMS = {"file": FileTaskConfig, "reasoning-gym": ReasoningGymTaskConfig}
+TaskSpec = Annotated[Union[Annotated[str, Tag("str")], Annotated[FileTaskConfig, Tag("file")],
+                           Annotated[ReasoningGymTaskConfig, Tag("reasoning-gym")]], Discriminator(_task_kind)]
 
 
 class DataConfig(Strict):
@@ -118,7 +142,7 @@ class DataConfig(Strict):
     pool_per_level: int = Field(200, gt=0, description="RL prompt pool: train-split problems per domain and level")
     max_prompt_tokens: int | None = Field(
         None, gt=0, description="longer prompts in data files are skipped at load, with a warning naming how many and the first; "
-                                "default: the model's context length minus rl.max_new_tokens")
+                                "default: the model's context length minus rl.max_new_tokens (the context itself when the cap reaches it)")
     seed: int = 0
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
 
@@ -437,6 +461,9 @@ def _valid_keys(model: type[BaseModel], loc: tuple, raw: dict) -> list[str]:
     for part in loc:
         if isinstance(part, str) and part in REGISTRY:
             current = REGISTRY[part].config
+            continue
+        if isinstance(part, str) and part in TASK_FORMS:
+            current = TASK_FORMS[part]
             continue
         if isinstance(part, int):
             continue

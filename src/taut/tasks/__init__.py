@@ -10,13 +10,15 @@ Task specs in recipes:
     code:humaneval            HumanEval, run in the sandbox (taut.tasks.code)      } unseen suites for
     ifeval                    verifiable instructions, IFEval's checkers (…ifeval) } transfer evaluation
     qa, qa:FAMILY+FAMILY      short-answer QA from reasoning-gym (taut.tasks.qa)   } (docs/transfer.md)
+    reasoning-gym:NAME        a reasoning-gym task; {task: reasoning-gym:NAME, config: …, levels: …}
+                              gives its settings (see taut.tasks.reasoning_gym)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from taut.config import FileTaskConfig, TaskSpec
+from taut.config import FileTaskConfig, ReasoningGymTaskConfig, TaskSpec
 from taut.tasks.base import Problem, Split, Task, Verdict
 
 TaskFactory = Callable[[str, "list[int] | None"], Task]
@@ -65,10 +67,17 @@ def _suite(spec: str, levels: list[int] | None) -> Task:
     return QATask(tuple(rest.split("+")) if rest else FAMILIES)
 
 
+def _reasoning_gym(spec: str | ReasoningGymTaskConfig, levels: list[int] | None) -> Task:
+    from taut.tasks.reasoning_gym import ReasoningGymTask
+
+    return ReasoningGymTask(spec if isinstance(spec, ReasoningGymTaskConfig) else ReasoningGymTaskConfig(task=spec), levels)
+
+
 register_task("gym", _gym)
 register_task("file", _file)
 for _kind in ("code", "ifeval", "qa"):
     register_task(_kind, _suite)
+register_task("reasoning-gym", _reasoning_gym)
 
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:
@@ -76,6 +85,8 @@ def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None
     `prompt_limit` (a `taut.tasks.files.PromptLimit`) makes a data file skip over-long prompts."""
     if isinstance(spec, FileTaskConfig):
         return _file_task(spec, levels, prompt_limit)
+    if isinstance(spec, ReasoningGymTaskConfig):
+        return _reasoning_gym(spec, levels)
     kind, _, rest = spec.partition(":")
     if kind == "file" and prompt_limit is not None:
         return _file_task(FileTaskConfig(path=rest), levels, prompt_limit)

@@ -87,10 +87,9 @@ class PromptLimit:
         """`data.max_prompt_tokens`, or the model's context length minus the rollout cap."""
         if max_prompt_tokens is None:
             context = policy.model.config.max_position_embeddings
-            if context <= max_new_tokens:
-                raise ValueError(f"the model's context ({context} tokens) leaves no room for a prompt before "
-                                 f"rl.max_new_tokens={max_new_tokens}: lower rl.max_new_tokens")
-            max_prompt_tokens = context - max_new_tokens
+            # a cap at or above the context (a long-reasoning recipe on a short-context test model)
+            # leaves the context itself as the bound: no prompt can be longer than that
+            max_prompt_tokens = context - max_new_tokens if context > max_new_tokens else context
         tokenizer = policy.tokenizer
         return cls(max_prompt_tokens, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
 
