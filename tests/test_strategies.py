@@ -541,3 +541,30 @@ def test_dynamic_sampling_keeps_a_penalised_mastered_group(config, kept):
     if isinstance(config, MasteryGatedConfig):
         assert out.strategy_metrics["gate_open"] == pytest.approx(2 / 3)
         assert out.strategy_metrics["penalised_frac"] == pytest.approx(2 / 12)
+
+
+class _PartialTask(_OkTask):
+    """Partial credit: `ok` scores 1, `x` followed by `ok` scores 0.5, anything else 0."""
+
+    def verify(self, problem, response, complete):
+        from taut.tasks import Verdict
+
+        words = response.split()
+        score = 1.0 if words[:1] == ["ok"] else 0.5 if words[:2] == ["x", "ok"] else 0.0
+        return Verdict(correct=score == 1.0, extracted=words[0] if words else None, score=score)
+
+
+def test_partial_scores_are_the_base_reward_and_correct_stays_score_one():
+    from taut.rl.data import PromptPool
+    from taut.rl.objectives import build_objective
+    from taut.rl.rollouts import collect
+    from taut.tasks import Problem
+
+    scripted = [[[1, 2], [2, 1], [2, 2], [1]]]            # ok x → 1, x ok → 0.5, x x → 0, ok → 1
+    pool = PromptPool([(_PartialTask(), Problem(id="p0", prompt="q", answer="ok", domain="toy"))], seed=0)
+    cfg = RLConfig(prompts_per_step=1, group_size=4, max_sampling_rounds=1, dynamic_sampling=False)
+    strategy = build_strategy(NoneConfig())
+    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, strategy, build_objective(strategy, cfg).informative, cfg,
+                  step=0, cap=8, generator=None, np_rng=np.random.default_rng(0))
+    assert out.rewards[0].tolist() == [1.0, 0.5, 0.0, 1.0]
+    assert out.sampled["correct"] == [True, False, False, True] and out.sampled["score"] == [1.0, 0.5, 0.0, 1.0]

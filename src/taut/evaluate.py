@@ -123,6 +123,8 @@ def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], trunc
         sample.coverage, sample.thinks, sample.post_answer_rounds = a.coverage, a.thinks, a.post_answer_rounds
     if isinstance(task, ScoredTask):
         sample.scores = task.scores(problem, text, complete=not truncated)
+    if verdict.score is not None:                   # partial credit (reasoning-gym): reported as the "score" mean
+        sample.scores = (sample.scores or {}) | {"score": verdict.score}
     return sample
 
 

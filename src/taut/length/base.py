@@ -28,6 +28,7 @@ class GroupBatch:
     cap: int                 # the length cap these rollouts were generated under
     prompt_ids: tuple[str, ...] = ()   # [P] problem ids, for per-prompt memory
     budgets: Tensor | None = None      # [P] token budgets written into prompts (L1), if any
+    scores: Tensor | None = None       # [P, G] float — partial credit in [0, 1] where the grader gives it
 
     def __post_init__(self):
         shape = self.correct.shape
@@ -38,12 +39,14 @@ class GroupBatch:
             )
         if self.prompt_ids and len(self.prompt_ids) != shape[0]:
             raise ValueError(f"{len(self.prompt_ids)} prompt ids for {shape[0]} groups")
+        if self.scores is not None and self.scores.shape != shape:
+            raise ValueError(f"scores must have the [prompts, group] shape {tuple(shape)}; got {tuple(self.scores.shape)}")
         if self.budgets is not None and tuple(self.budgets.shape) != (shape[0],):
             raise ValueError(f"budgets must hold one value per group, shape ({shape[0]},); got {tuple(self.budgets.shape)}")
 
     @classmethod
     def from_flat(cls, group_ids: list[str], correct, lengths, truncated, *, step: int, cap: int,
-                  budgets=None, group_size: int | None = None) -> "GroupBatch":
+                  budgets=None, group_size: int | None = None, scores=None) -> "GroupBatch":
         """Regroup flat per-rollout lists whose rollouts of one prompt are contiguous.
 
         Every group must be whole: a prompt whose rollouts are split across a batch boundary
@@ -75,6 +78,7 @@ class GroupBatch:
             cap=cap,
             prompt_ids=tuple(gid for gid, _ in runs),
             budgets=None if budget_grid is None else budget_grid[:, 0],
+            scores=None if scores is None else as_grid(scores, torch.float32),
         )
 
 
@@ -119,8 +123,9 @@ class Shaped:
 
 
 def correctness(batch: GroupBatch) -> Tensor:
-    """The base reward: 1 for a correct answer, 0 otherwise."""
-    return batch.correct.float()
+    """The base reward: 1 for a correct answer, 0 otherwise — or the grader's partial credit in
+    [0, 1] where it gives one (reasoning-gym tasks); "correct" (accuracy, mastery) stays score 1."""
+    return batch.correct.float() if batch.scores is None else batch.scores
 
 
 def penalty_metrics(base: Tensor, shaped: Tensor) -> dict[str, float]:

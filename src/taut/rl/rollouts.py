@@ -28,7 +28,8 @@ class RolloutBatch:
     prompts: list[list[int]] = field(default_factory=list)      # [K*G] prompt ids per rollout
     responses: list[list[int]] = field(default_factory=list)    # [K*G]
     rewards: list[torch.Tensor] = field(default_factory=list)   # K tensors [G]
-    sampled: dict[str, list] = field(default_factory=lambda: {"correct": [], "length": [], "truncated": [], "redundancy": [], "thinks": []})
+    sampled: dict[str, list] = field(default_factory=lambda: {"correct": [], "score": [], "length": [], "truncated": [],
+                                                              "redundancy": [], "thinks": []})
     group_pass: list[tuple[str, float]] = field(default_factory=list)   # (problem id, pass rate) of every sampled group
     verifier_errors: int = 0
     strategy_metrics: dict[str, float] = field(default_factory=dict)
@@ -64,13 +65,14 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
         out.generated_tokens += sum(rollouts.lengths)
 
         t0 = time.perf_counter()
-        correct = []
+        correct, scores = [], []
         for row, tokens in enumerate(rollouts.tokens):
             task, problem = items[rollouts.prompt_index[row]][0], problems[rollouts.prompt_index[row]]
             text = policy.decode(tokens)
             complete = not rollouts.truncated[row]
             verdict = task.verify(problem, text, complete)
             correct.append(verdict.correct)
+            scores.append(verdict.score)
             out.verifier_errors += verdict.error is not None
             if isinstance(task, OracleTask):
                 analysis = task.analyze(problem, text, complete)
@@ -80,12 +82,14 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
             [p.id for p in problems for _ in range(G)], correct, rollouts.lengths, rollouts.truncated,
             step=step, cap=cap, budgets=None if budgets[0] is None else [b for b in budgets for _ in range(G)],
             group_size=G,
+            scores=None if all(x is None for x in scores) else [float(c) if x is None else x for x, c in zip(scores, correct)],
         )
         shaped = strategy.shape(batch)
         out.reward_time += time.perf_counter() - t0
         if out.rounds == 1:
             out.strategy_metrics = shaped.metrics
         out.sampled["correct"] += correct
+        out.sampled["score"] += [float(c) if x is None else x for x, c in zip(scores, correct)]
         out.sampled["length"] += rollouts.lengths
         out.sampled["truncated"] += rollouts.truncated
         out.groups_sampled += len(items)

@@ -350,6 +350,7 @@ def step_record(run: Run, phase: PhaseConfig, batch: RolloutBatch, losses: dict,
         "step": run.step, "phase": phase.name, "strategy": phase.strategy.name, "cap": cap, "lr": lr,
         "reward": float(torch.stack(batch.rewards).mean()) if batch.rewards else None,
         "accuracy": mean(batch.sampled["correct"]),
+        "score_mean": mean(batch.sampled["score"]),           # partial credit where the grader gives it, else = accuracy
         "length_mean": mean(lengths), "length_p50": percentile(lengths, 50),
         "length_p90": percentile(lengths, 90), "length_max": max(lengths),
         "truncation_rate": mean(batch.sampled["truncated"]),
