@@ -126,8 +126,9 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     (run_dir / "config.yaml").write_text(to_yaml(config))
     sft = config.sft
     start = 0
+    if resume:
+        remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
     if resume and (ckpt := latest_intact_checkpoint(run_dir)) is not None:
-        remove_partial(run_dir)
         policy = resume_policy(config.model, ckpt)
         start = read_state(ckpt)["step"]
     else:

@@ -168,11 +168,12 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     plan = config.plan()
 
     # ---- policy, optimizer and run state: fresh, or exactly where the latest intact checkpoint left them
+    if resume:
+        remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
     ckpt = latest_intact_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         console.print(f"[yellow]no checkpoint in {run_dir} yet: starting from the beginning[/yellow]")
     if ckpt is not None:
-        remove_partial(run_dir)
         policy = resume_policy(config.model, ckpt)
     else:
         (run_dir / "config.yaml").write_text(to_yaml(config))
