@@ -156,9 +156,13 @@ def test_demo_stage_table_fits_80_columns_and_shows_each_stage_against_the_one_b
     first, second = eval_result(), eval_result()
     second["overall"] = {**second["overall"], "tokens_mean": second["overall"]["tokens_mean"] * 0.8,
                          "accuracy": second["overall"]["accuracy"] + 0.05}
-    lines = render(stages_table([("SFT", first), ("+ accuracy", first), ("+ compression", second)]))
+    wide = eval_result()                          # the widest values a demo prints: two-digit changes
+    wide["overall"] = {**wide["overall"], "tokens_mean": first["overall"]["tokens_mean"] * 1.483,
+                       "accuracy": first["overall"]["accuracy"] - 0.263}
+    lines = render(stages_table([("SFT", first), ("+ accuracy", first), ("+ compression", second), ("+ compression", wide)]))
     assert max(map(len, lines)) <= 80
     text = "\n".join(lines)
+    assert "…" not in text, text                  # nothing cut to fit
     assert "+ compression" in text and "+ accuracy" in text
     row = next(line for line in lines if "+ compression" in line)
     assert "-20.0%" in row and "+5.0pp" in row

@@ -119,9 +119,9 @@ def stages_table(results: list[tuple[str, dict]]) -> Table:
     """Accuracy and tokens at each stage, overall and on the easiest and hardest levels; each
     stage's change against the one before it. Fits 80 columns."""
     t = Table(title="the testbed, sampled at temperature 1 (test split)", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1),
-              pad_edge=False, caption="Δ: vs. the stage before; held: held-out domains; L1/L4: easiest/hardest level",
+              pad_edge=False, caption="Δ: vs. the stage before; tok: mean tokens; held: held-out domains; L1/L4: easiest/hardest level",
               caption_justify="left")
-    for col in ("stage", "acc", "Δacc", "tokens", "Δtok", "redund", "held\nacc", "held\ntok", "L1\ntok", "L4\nacc"):
+    for col in ("stage", "acc", "Δacc", "tok", "Δtok", "redund", "held\nacc", "held\ntok", "L1\ntok", "L4\nacc"):
         t.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True)
     previous = None
     for label, r in results:
