@@ -52,6 +52,16 @@ def _columns(n: int, width: int) -> list[int]:
     return [(n // 10**i) % 10 for i in range(width)]
 
 
+def chain_steps(value: int, ops) -> tuple[list[list[str]], int]:
+    """The written steps of a mod-10 operation chain (`value op y = result ;` each) and its value."""
+    out = []
+    for op, y in ops:
+        result = {"+": value + y, "-": value - y, "*": value * y}[op] % 10
+        out.append([str(value), op, str(y), "=", str(result), ";"])
+        value = result
+    return out, value
+
+
 @dataclass(frozen=True)
 class Domain(ABC):
     name: str
@@ -253,12 +263,7 @@ class ModChain(Domain):
         return value % 10
 
     def _run(self, operands):
-        value, out = operands[0], []
-        for op, y in operands[1]:
-            result = {"+": value + y, "-": value - y, "*": value * y}[op] % 10
-            out.append([str(value), op, str(y), "=", str(result), ";"])
-            value = result
-        return out, value
+        return chain_steps(operands[0], operands[1])
 
     def steps(self, operands):
         return self._run(operands)[0]
@@ -412,12 +417,7 @@ class MissingOperand(Domain):
         return len(set(self.solutions(operands)) & candidates) / len(candidates)
 
     def _prefix(self, operands):
-        value, out = operands[0], []
-        for op, y in operands[1]:
-            result = {"+": value + y, "-": value - y, "*": value * y}[op] % 10
-            out.append([str(value), op, str(y), "=", str(result), ";"])
-            value = result
-        return out, value
+        return chain_steps(operands[0], operands[1])
 
     def _tries(self, operands):
         prefix, value = self._prefix(operands)
