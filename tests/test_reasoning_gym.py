@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from taut.config import ConfigError, ReasoningGymTaskConfig, RunConfig, load_config
+from taut.config import ConfigError, ReasoningGymTaskConfig, RunConfig, load_config, to_yaml
 from taut.tasks import load_task
+from taut.tasks.reasoning_gym import extract_answer
 
 pytest.importorskip("reasoning_gym")
 
@@ -77,6 +78,81 @@ def test_prompt_states_the_answer_format_and_only_that_form_is_read():
     verdict = tags.verify(q, f"<think>who lies?</think><answer>{q.answer}</answer>", complete=True)
     assert verdict.correct and verdict.score == 1.0 and verdict.extracted == q.answer
     assert not tags.verify(q, f"<answer>{q.answer}", complete=False).correct
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("Answer: 12", "12"),
+    ("2 + 10 = 12\n**Answer:** 12.", "12"),
+    ("**Answer**: `12`", "12"),
+    ("answer: 3\nNo, recheck.\nANSWER: 5\n", "5"),                     # the last Answer: line
+    ("Answer: -7.", "-7"),
+    ("Answer: Yes, Alice is a knight", "Yes, Alice is a knight"),         # not only numbers
+    ("3 + 4 = 7\nAnswer:", None),                                       # an empty answer line: no answer, no fallback
+    ("3 + 4 = 7\nAnswer:\n7", None),                                    # the value must be on the Answer: line
+    ("So 3 - 10 = -7", "-7"),                                            # no Answer: the last number
+    ("Half of 5 is 2.5.", "2.5"),
+    ("No numbers here.", None),
+    ("<think>Answer: 3</think>The total is 4", "4"),                     # only after the last </think>
+    ("<think>so 3</think>Answer: 4", "4"),
+    ("<think>Answer: 3 and 5</think>", None),
+    ("<think>Answer: 3", None),                                          # still thinking
+])
+def test_answer_line_reads_the_last_answer_line_else_the_last_number(response, expected):
+    assert extract_answer(response, "answer-line", complete=True, fallback_last_number=True) == expected
+
+
+def test_answer_line_without_the_fallback_and_when_cut():
+    def line(response, fallback=False, complete=True):
+        return extract_answer(response, "answer-line", complete=complete, fallback_last_number=fallback)
+
+    assert line("So 3 - 10 = -7") is None and line("Answer: -7") == "-7"
+    assert line("Answer: 4", fallback=True, complete=False) is None            # "4" may be the start of "42"
+    assert line("Answer: 42\nCheck: 4", complete=False) == "42"               # a finished line counts
+    assert line("Answer: 42\n", complete=False) == "42"
+    assert line("Answer: 42", fallback=True, complete=True) == "42"
+
+
+def test_answer_line_prompt_scores_with_the_library_and_the_instruction_overrides_it():
+    spec = {**ARITHMETIC, "answer_format": "answer-line"}
+    task = _task(spec)
+    p = task.problems("test", 1)[0]
+    default = "Give your final answer on a line of its own as 'Answer: <your answer>'."
+    assert p.prompt.endswith(f"\n\n{default}")
+    verdict = task.verify(p, f"Adding the terms gives {p.answer}.\n**Answer:** {p.answer}.", complete=True)
+    assert verdict.correct and verdict.score == 1.0 and verdict.extracted == p.answer
+    assert task.verify(p, f"The result is {p.answer}", complete=True).correct               # the fallback
+    assert not _task({**spec, "fallback_last_number": False}).verify(p, f"The result is {p.answer}", complete=True).correct
+    assert not task.verify(p, f"Answer: {p.answer}1", complete=True).correct
+
+    instruction = "Think step by step, then give your final answer on its own line as 'Answer: <answer>'."
+    q = _task({**spec, "instruction": f"  {instruction}\n"}).problems("test", 1)[0]
+    assert q.id == p.id and q.prompt == p.prompt.replace(default, instruction)
+    assert _task({**ARITHMETIC, "instruction": instruction}).problems("test", 1)[0].prompt == q.prompt   # any format
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"fallback_last_number": True}, "fallback_last_number applies to answer_format: answer-line only "
+                                     r"\(this task reads boxed\); remove it or set answer_format: answer-line"),
+    ({"answer_format": "answer-tags", "fallback_last_number": False}, "answer-line only"),
+    ({"instruction": " \n"}, "instruction is empty: write the line the prompt should end with"),
+    ({"answer_format": "answer_line"}, "'boxed', 'answer-tags' or 'answer-line'"),
+])
+def test_answer_format_settings_are_checked(tmp_path, fields, message):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"data:\n  train:\n    - {json.dumps({'task': 'reasoning-gym:chain_sum', **fields})}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(recipe)
+
+
+def test_answer_format_settings_survive_a_written_config(tmp_path):
+    tasks = [{"task": "reasoning-gym:chain_sum"}, {"task": "reasoning-gym:chain_sum", "answer_format": "answer-line"},
+             {"task": "reasoning-gym:chain_sum", "answer_format": "answer-line", "fallback_last_number": False,
+              "instruction": "Answer with 'Answer: N'."}]
+    config = RunConfig.model_validate({"data": {"train": tasks}})
+    (tmp_path / "config.yaml").write_text(to_yaml(config))
+    read = load_config(tmp_path / "config.yaml")
+    assert read.data.train == config.data.train
+    assert [t.reads_last_number for t in read.data.train] == [False, True, False]
 
 
 def test_partial_scores_are_kept_and_are_not_correct():

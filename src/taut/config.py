@@ -115,9 +115,33 @@ class ReasoningGymTaskConfig(Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="the library's config fields, for every level")
     levels: dict[int, dict[str, Any]] | Literal["curriculum"] | None = Field(
         None, description="difficulty level -> config fields; curriculum: the library's curriculum levels; default: one level")
-    answer_format: Literal["boxed", "answer-tags"] = Field("boxed", description="how the prompt asks for the final answer")
+    answer_format: Literal["boxed", "answer-tags", "answer-line"] = Field(
+        "boxed", description="how the prompt asks for the final answer, and the only form read")
+    instruction: str | None = Field(None, description="the line after the question (default: the answer format's line)")
+    fallback_last_number: bool | None = Field(      # None, not True: a boxed task written to config.yaml reads back
+        None, description="answer-line only: a response without an 'Answer:' line answers its last number (default: true)")
     name: str | None = Field(None, description="task name in reports (default: the library's name)")
     held_out: bool = Field(False, description="evaluated only; RL never trains on it")
+
+    @field_validator("instruction")
+    @classmethod
+    def _instruction_text(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("instruction is empty: write the line the prompt should end with, or omit it "
+                             "for the answer format's own line")
+        return v if v is None else v.strip()
+
+    @model_validator(mode="after")
+    def _fallback_needs_answer_line(self):
+        if self.fallback_last_number is not None and self.answer_format != "answer-line":
+            raise ValueError(f"fallback_last_number applies to answer_format: answer-line only (this task reads "
+                             f"{self.answer_format}); remove it or set answer_format: answer-line")
+        return self
+
+    @property
+    def reads_last_number(self) -> bool:
+        """Whether a response without an 'Answer:' line answers its last number."""
+        return self.answer_format == "answer-line" and self.fallback_last_number is not False
 
 
 def _task_kind(value: Any) -> str:

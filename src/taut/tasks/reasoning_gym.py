@@ -13,17 +13,29 @@ some tasks (partial credit). In a recipe:
         - {task: reasoning-gym:leg_counting, levels: curriculum}   # the library's curriculum
       eval:
         - {task: reasoning-gym:knights_knaves, held_out: true, answer_format: answer-tags}
+        - {task: reasoning-gym:basic_arithmetic, answer_format: answer-line, fallback_last_number: false}
 
 Levels. `levels` maps taut difficulty levels to config fields, laid over `config`. `curriculum`
 takes the library's curriculum for the task: taut level k is its global level k − 1 (every
 attribute at that level, or its highest). Without `levels` the task has one level, 1.
 `data.levels` keeps the listed levels a task has.
 
-Prompts. The library's question, followed by one line saying how to write the final answer:
-`boxed` ("…within \\boxed{}") or `answer-tags` ("…between <answer> and </answer>"). Only that
-form is read: the last closed `\\boxed{…}`, or the last closed `<answer>…</answer>`, after the
-last `</think>` (a response still inside `<think>` has no answer). The library's scorer grades
-the extracted answer; `Verdict.score` keeps its value and `correct` means a score of 1.
+Prompts. The library's question, followed by one line saying how to write the final answer
+(`INSTRUCTIONS`), and only that form is read, after the last `</think>` (a response still inside
+`<think>` has no answer):
+
+- `boxed` ("…within \\boxed{}"): the last closed `\\boxed{…}`;
+- `answer-tags` ("…between <answer> and </answer>"): the last closed `<answer>…</answer>`;
+- `answer-line` ("…on a line of its own as 'Answer: <your answer>'"), for small instruct models
+  that do not write `\\boxed{}` (SmolLM2-135M): the rest of the line after the last `Answer:`
+  (any case, bold or not: `**Answer:**`, `**Answer**:`), without surrounding whitespace, bold,
+  backticks or a closing period; an `Answer:` with nothing after it on its line is no answer.
+  A response with no `Answer:` at all answers its last number (`-3`, `2.5`) unless
+  `fallback_last_number: false`. A response cut before it ended only counts lines it finished.
+
+`instruction` replaces the format's line with other text (e.g. "Think step by step, then …" for
+a study of overthinking); the form read stays the format's. The library's scorer grades the
+extracted answer; `Verdict.score` keeps its value and `correct` means a score of 1.
 
 Splits never overlap: each (split, level) draws its problems from a generator seeded for that
 split, and a problem is kept only in the split the hash of its question assigns it to (the
@@ -50,9 +62,12 @@ PREFIX = "reasoning-gym:"
 INSTRUCTIONS = {
     "boxed": "Put your final answer within \\boxed{}.",
     "answer-tags": "Give your final answer between <answer> and </answer>.",
+    "answer-line": "Give your final answer on a line of its own as 'Answer: <your answer>'.",
 }
 CANDIDATES_PER_PROBLEM = 3       # questions generated per wanted problem, over the split's share
 _ANSWER_TAGS = re.compile(r"<answer>(.*?)</answer>", re.S)
+_ANSWER_MARK = re.compile(r"\banswer(?:\*\*)?[ \t]*:", re.I)      # Answer:, **Answer:**, **Answer**:
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 class ReasoningGymError(ValueError):
@@ -114,15 +129,16 @@ class ReasoningGymTask:
 
     def _problem(self, level: int, key: str, item: dict[str, Any]) -> Problem:
         answer = item.get("answer")
-        return Problem(id=f"{self.name}:{level}:{key}",
-                       prompt=f"{item['question'].rstrip()}\n\n{INSTRUCTIONS[self.config.answer_format]}",
+        instruction = self.config.instruction or INSTRUCTIONS[self.config.answer_format]
+        return Problem(id=f"{self.name}:{level}:{key}", prompt=f"{item['question'].rstrip()}\n\n{instruction}",
                        answer="" if answer is None else str(answer), domain=self.name, difficulty=level,
                        held_out=self.config.held_out, data=Entry(level, item))
 
     # ---- grading ----------------------------------------------------------------------
     def verify(self, problem: Problem, response: str, complete: bool) -> Verdict:
         entry = _entry(problem)
-        extracted = extract_answer(response, self.config.answer_format)
+        extracted = extract_answer(response, self.config.answer_format, complete=complete,
+                                   fallback_last_number=self.config.reads_last_number)
         if extracted is None:
             return Verdict(correct=False, extracted=None, score=0.0)
         try:
@@ -136,9 +152,9 @@ class ReasoningGymTask:
         return dataclasses.replace(problem, prompt=f"{problem.prompt}\n\n{BUDGET_INSTRUCTION.format(budget=budget)}")
 
 
-def extract_answer(response: str, answer_format: str) -> str | None:
+def extract_answer(response: str, answer_format: str, *, complete: bool, fallback_last_number: bool) -> str | None:
     """The final answer in the format the prompt asked for (module docstring), or None. Only a
-    closed box or tag counts, so a response cut mid-answer has none."""
+    closed box or tag, or a finished line, counts, so a response cut mid-answer has none."""
     from taut.tasks.math import answer_region, last_boxed
 
     region = answer_region(response)
@@ -147,8 +163,23 @@ def extract_answer(response: str, answer_format: str) -> str | None:
     if answer_format == "boxed":
         boxed, unclosed = last_boxed(region)
         return None if unclosed or boxed is None else (boxed.strip() or None)
+    if answer_format == "answer-line":
+        if not complete and not region.endswith("\n"):
+            region = region.rpartition("\n")[0]        # the last line may still be being written
+        return _answer_line(region, fallback_last_number)
     tags = _ANSWER_TAGS.findall(region)
     return (tags[-1].strip() or None) if tags else None
+
+
+def _answer_line(region: str, fallback_last_number: bool) -> str | None:
+    """The rest of the line after the last `Answer:`; with none, the last number if asked."""
+    marks = list(_ANSWER_MARK.finditer(region))
+    if not marks:
+        numbers = _NUMBER.findall(region)
+        return numbers[-1] if fallback_last_number and numbers else None
+    value = region[marks[-1].end():].partition("\n")[0].strip()
+    value = value.removesuffix(".").strip().strip("*`").strip()     # "**12**." and "`12`"
+    return value.removesuffix(".").rstrip() or None                 # "**12.**"
 
 
 def level_configs(config: ReasoningGymTaskConfig) -> dict[int, dict[str, Any]]:
