@@ -60,3 +60,6 @@ bench-quick: $(STAMP)
 
 bench-speed: $(STAMP)
 	$(BIN)/taut bench speed --vs trl
+
+bench-speed-real: $(STAMP)
+	$(BIN)/taut bench speed --vs trl --real --out runs/bench-speed-real.json

@@ -112,33 +112,23 @@ def test_chat_template_is_applied_exactly_and_eos_is_the_end_of_turn(smollm2, gg
 
 
 def _generate_greedy(policy, prompt_ids, new_tokens):
-    """`model.generate`, one prompt at a time (no padding), up to and including the end of turn."""
-    out = []
-    for ids in prompt_ids:
-        with policy.autocast():
-            row = policy.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                        eos_token_id=policy.eos_id, pad_token_id=policy.pad_id)[0, len(ids):].tolist()
-        out.append(row)
-    return out
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    """`model.generate` on the prompts as one left-padded batch, exactly `new_tokens` tokens each."""
+    width = max(len(ids) for ids in prompt_ids)
+    ids = torch.tensor([[policy.pad_id] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    with policy.autocast():
+        out = policy.model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                    do_sample=False, eos_token_id=policy.eos_id, pad_token_id=policy.pad_id)
+    return out[:, width:].tolist()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bf16-mixed"])
 def test_fast_decode_greedy_tokens_equal_model_generate(dtype):
-    """fp32: identical tokens, prompt by prompt and as one left-padded batch.
-
-    bf16-mixed (fp32 weights, bf16 autocast): the fast path fuses projections and writes its
-    own attention and norms, so its bf16 rounding differs from the HF modules'; where
-    `model.generate`'s two best logits are one bf16 step apart (0.125 at logits of 16–32) the
-    greedy choice can flip (measured: 3 of these 4 prompts, at tokens 4, 18 and 50). So in
-    bf16 the tokens must agree up to the first difference, and that difference must sit on
-    such a tie: a wrong token where the choice is clear fails the test.
-    """
+    """Identical tokens prompt by prompt and as one left-padded batch, in fp32 and under bf16
+    autocast (fp32 weights). In bf16 a different attention kernel or norm rounds differently and
+    flips near-tied tokens (an earlier hand-written attention did on 3 of these 4 prompts); padding
+    changes the rounding too, so each case is compared with `model.generate` on the same batch."""
     from taut.models import load_policy
     from taut.rollout import SamplingParams
     from taut.rollout.hf import HFEngine
@@ -149,24 +139,10 @@ def test_fast_decode_greedy_tokens_equal_model_generate(dtype):
     # min_new_tokens keeps every row decoding for all 64 steps (no early end of turn)
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, min_new_tokens=NEW_TOKENS)
     engine = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=True, autocast=policy.autocast)
-    expected = _generate_greedy(policy, prompt_ids, NEW_TOKENS)
-    assert all(len(row) == NEW_TOKENS for row in expected)
-    got = [engine.generate([ids], 1, params).tokens[0] for ids in prompt_ids]
-    if dtype == "float32":
-        assert got == expected
-        # under bf16 autocast a padded batch also rounds differently from a lone prompt (on the
-        # generic HF path too): a batch is compared in fp32 only
-        assert engine.generate(prompt_ids, 1, params).tokens == expected
-        return
-    for ids, row, reference in zip(prompt_ids, got, expected):
-        d = _first_difference(row, reference)
-        if d is None:
-            continue
-        with torch.no_grad(), policy.autocast():
-            logits = policy.model(torch.tensor([ids + reference[:d]])).logits[0, -1].float()
-        best, second = logits.topk(2).values.tolist()
-        bf16_step = torch.finfo(torch.bfloat16).eps * 2 ** math.floor(math.log2(abs(best)))
-        assert best - second <= bf16_step, f"token {d}: fast path chose {row[d]}, generate {reference[d]} by a margin of {best - second}"
+    alone = [_generate_greedy(policy, [ids], NEW_TOKENS)[0] for ids in prompt_ids]
+    assert all(len(row) == NEW_TOKENS for row in alone)
+    assert [engine.generate([ids], 1, params).tokens[0] for ids in prompt_ids] == alone
+    assert engine.generate(prompt_ids, 1, params).tokens == _generate_greedy(policy, prompt_ids, NEW_TOKENS)
 
 
 @pytest.mark.slow

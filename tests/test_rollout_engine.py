@@ -122,3 +122,26 @@ def test_fast_path_grows_its_cache_past_the_first_allocation(tiny_policy):
     a = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=True).generate(ids, 2, params)
     b = HFEngine(policy.model, policy.eos_id, policy.pad_id, fast=False).generate(ids, 2, params)
     assert a.tokens == b.tokens and all(len(t) == 150 for t in a.tokens)
+
+
+def test_draw_samples_each_row_from_its_own_distribution():
+    from taut.rollout.hf import draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0],
+                          [0.9, 0.0, 0.0, 0.0, 0.0, 0.1]])
+    g = torch.Generator().manual_seed(0)
+    draws = draw(probs.repeat(20000, 1), g).view(20000, 2)
+    for row in range(2):
+        freq = torch.bincount(draws[:, row], minlength=6).float() / 20000
+        assert freq[probs[row] == 0].sum() == 0                     # never a token without mass
+        assert freq.tolist() == pytest.approx(probs[row].tolist(), abs=0.015)
+
+
+def test_draw_at_the_rows_total_falls_back_to_the_last_token_with_mass(monkeypatch):
+    """A uniform draw that rounds up to the row's total would select past the last token with
+    mass (here zeros follow it): the draw must still land on a token that has mass."""
+    from taut.rollout.hf import draw
+
+    probs = torch.tensor([[0.25, 0.75, 0.0, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw.get("dtype")))
+    assert draw(probs, None).tolist() == [1]

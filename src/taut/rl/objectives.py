@@ -32,7 +32,7 @@ from taut.rl.rollouts import RolloutBatch
 
 log = logging.getLogger(__name__)
 
-LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped", "logprob_time")
+LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped", "logprob_time", "rows_trained")
 
 
 def resolve_adv_norm(configured: AdvantageNorm | None, strategy: Strategy) -> AdvantageNorm:
@@ -143,7 +143,7 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
     lengths = torch.tensor([len(r) for r in batch.responses])                          # [K*G]
     plan = objective.plan(torch.stack(batch.rewards), lengths, cap)                    # rewards [K, G]
     if not plan.rows:                         # nothing to learn from this batch
-        return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0}
+        return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0, "rows_trained": 0}
 
     chunks = [[plan.rows[j] for j in mb]
               for mb in micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in plan.rows], cfg.micro_batch_tokens)]
@@ -197,4 +197,5 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
         "clip_high_frac": stats["clip_high"] / tokens,
         "skipped": float(skipped),
         "logprob_time": stats["forward_time"],
+        "rows_trained": len(plan.rows),           # rollouts forwarded (those with zero advantage add nothing)
     }

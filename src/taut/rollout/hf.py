@@ -27,7 +27,26 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p   # keep the first token always
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(probs, generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of probs [R, V], by inverse transform: one uniform draw per row against
+    the row's cumulative sums (in float64, so that tokens of tiny probability keep their share).
+
+    `torch.multinomial` draws one exponential variate per vocabulary entry to take a single
+    sample: 63 ms for 64 rows × 49k tokens on this CPU, a quarter of a SmolLM2 decode step; this
+    takes a few milliseconds."""
+    cdf = probs.double().cumsum(dim=-1)                                  # [R, V]
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
+    # right=True never lands on a zero-probability token, except where rounding puts the draw
+    # at the row's total: take the row's last token with mass there
+    stray = probs.gather(-1, index) == 0
+    if bool(stray.any()):
+        last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1, keepdim=True)
+        index = torch.where(stray, last, index)
+    return index.squeeze(-1)
 
 
 class HFEngine:
