@@ -54,3 +54,11 @@ def test_limit_fractions_follow_the_necessary_arithmetic():
     assert got["step"] == pytest.approx((0.4 + 0.6) * 0.5)
     half = limits(run | {"rows_trained": 0.5}, w, model, rates)                     # taut forwarded half the rows
     assert half["update"] == pytest.approx(got["update"] / 2) and half["generation"] == got["generation"]
+
+
+@pytest.mark.parametrize("args, message", [(["--dtype", "fp16"], "--dtype 'fp16': 'fp16' is not one of float32, bf16-mixed"),
+                                           (["--modes", "natural,slow"], "'slow' is not one of natural, forced"),
+                                           (["--lora", "qlora"], "'qlora' is not one of full, lora")])
+def test_unknown_settings_are_refused_before_anything_runs(args, message):
+    result = CliRunner().invoke(app, ["bench", "speed", *args])
+    assert result.exit_code == 2 and message in " ".join(result.output.split())

