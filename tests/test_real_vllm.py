@@ -6,6 +6,7 @@ its outputs into `Rollouts` (grouping by prompt, the end-of-sequence token, trun
 response prefixes). Whether vLLM behaves as its documentation says is untested here.
 """
 
+import math
 import sys
 import types
 from types import SimpleNamespace
@@ -40,7 +41,11 @@ class FakeLLM:
             for j in reversed(range(params.n)):               # out of order: the engine sorts by index
                 ended = j % 2 == 0
                 tokens = [10 * i + j] * (j + 1) + ([EOS] if ended else [])
-                completions.append(SimpleNamespace(index=j, token_ids=tokens, finish_reason="stop" if ended else "length"))
+                logprobs = None
+                if getattr(params, "logprobs", None) == 0:           # the drawn token's log-prob at each position
+                    logprobs = [{t: SimpleNamespace(logprob=-0.1 * (k + 1))} for k, t in enumerate(tokens)]
+                completions.append(SimpleNamespace(index=j, token_ids=tokens, finish_reason="stop" if ended else "length",
+                                                   logprobs=logprobs))
             out.append(SimpleNamespace(outputs=completions, prompt_token_ids=request["prompt_token_ids"]))
         return out
 
@@ -109,6 +114,22 @@ def _regenerate(engine, seed):
 
     engine.generate([[5, 6], [7]], 3, SamplingParams(max_new_tokens=9, top_p=0.9), torch.Generator().manual_seed(seed))
     return engine.llm.calls[-1][1]
+
+
+def test_logprobs_come_back_per_token_after_temperature(fake_vllm, tmp_path):
+    from taut.rollout import SamplingParams, build_engine
+
+    engine = build_engine("vllm", _policy(tmp_path), logprobs=True)
+    assert engine.llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    out = engine.generate([[5]], 2, SamplingParams(max_new_tokens=9, logprobs=True), torch.Generator().manual_seed(0),
+                          response_prefix=[4])
+    assert engine.llm.calls[-1][1][0].logprobs == 0
+    assert out.tokens == [[4, 0, EOS], [4, 1, 1]]
+    for row in out.logprobs:                  # no log-prob for the forced prefix token
+        assert math.isnan(row[0]) and row[1:] == pytest.approx([-0.1, -0.2])
+    plain = build_engine("vllm", _policy(tmp_path))
+    assert "logprobs_mode" not in plain.llm.kwargs
+    assert plain.generate([[5]], 2, SamplingParams(max_new_tokens=9, logprobs=True)).logprobs is None
 
 
 def test_vllm_engine_refuses_a_cpu_policy(fake_vllm, tmp_path):

@@ -216,6 +216,14 @@ class RLConfig(Strict):
     max_sampling_rounds: int = Field(3, ge=1, description="generation rounds per step to refill a dynamic-sampling batch")
     updates_per_batch: int = Field(1, ge=1, description="optimizer updates per rollout batch (>1 uses old log-probs)")
     micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length)")
+    rollout_logprobs: bool = Field(
+        False, description="record each sampled token's log-prob in the engine and log the sampling gap: mean and max "
+                           "|log π_rollout − log π_train| per token (the engine's numerics against the trainer's)")
+    rollout_is: Literal["none", "token-truncate"] = Field(
+        "none", description="correct for the sampling gap: weight each token's policy-gradient term by "
+                            "min(π_train / π_rollout, rollout_is_cap), truncated importance sampling as verl's rollout "
+                            "correction does (records the log-probs, as rollout_logprobs)")
+    rollout_is_cap: float = Field(2.0, gt=1, description="rollout_is: the importance weight's upper bound")
     checkpoint_every: int = Field(50, gt=0)
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
     log_every: int = Field(1, gt=0)
@@ -236,6 +244,11 @@ class RLConfig(Strict):
                              "distribution at rl.temperature, and nucleus sampling would train another policy than the "
                              "one that sampled; set rl.top_p=1 (evaluation may use eval.top_p)")
         return v
+
+    @property
+    def records_rollout_logprobs(self) -> bool:
+        """Whether the engine returns sampled tokens' log-probs (to log the gap, or to correct for it)."""
+        return self.rollout_logprobs or self.rollout_is != "none"
 
 
 class EvalConfig(Strict):

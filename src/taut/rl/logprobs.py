@@ -17,9 +17,11 @@ class SequenceBatch:
     response_lens: Tensor    # [N]
     response_ids: Tensor     # [N, Tr] right-padded response tokens
     mask: Tensor             # [N, Tr] 1 on response tokens
+    rollout_logp: Tensor | None = None   # [N, Tr] the engine's log-probs of the response tokens (NaN: none)
 
     @classmethod
-    def build(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device) -> "SequenceBatch":
+    def build(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device,
+              rollout_logp: list[list[float]] | None = None) -> "SequenceBatch":
         n = len(prompts)
         width = max(len(p) + len(r) for p, r in zip(prompts, responses))
         r_width = max(1, max(len(r) for r in responses))
@@ -31,8 +33,15 @@ class SequenceBatch:
             if r:
                 resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
                 mask[i, : len(r)] = 1
+        sampled = None
+        if rollout_logp is not None:
+            sampled = torch.full((n, r_width), float("nan"))
+            for i, values in enumerate(rollout_logp):
+                if values:
+                    sampled[i, : len(values)] = torch.tensor(values)
+            sampled = sampled.to(device)
         return cls(ids.to(device), torch.tensor([len(p) for p in prompts], device=device),
-                   torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device))
+                   torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device), sampled)
 
 
 def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,

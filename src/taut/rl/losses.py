@@ -68,12 +68,15 @@ def clipped_policy_loss(
     kl_coef: float = 0.0,
     entropy: Tensor | None = None,    # [N, T]
     entropy_coef: float = 0.0,
+    is_weights: Tensor | None = None, # [N, T] rollout-correction weights on the policy-gradient term (no grad)
 ) -> LossTerms:
     adv = advantages.unsqueeze(1)                                        # [N, 1]
     ratio = torch.exp(logp - old_logp)                                   # [N, T]
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)                       # [N, T]
+    if is_weights is not None:
+        per_token = per_token * is_weights
     kl = torch.zeros_like(logp)
     if ref_logp is not None and kl_coef > 0:
         delta = ref_logp - logp

@@ -9,6 +9,15 @@ One update per rollout batch is the default: the policy that sampled is the poli
 updated, so π_old = π detached, the ratio is exactly 1 and the clip ranges never act; they
 matter only with `rl.updates_per_batch > 1`, where π_old comes from one no-grad forward
 before the first update.
+
+"The policy that sampled" holds only up to numerics: the engine computes its log-probs with a KV
+cache, other kernels and possibly another precision than the trainer's full forward. With
+`rl.rollout_logprobs` the engine returns each sampled token's log-prob and `update` logs the gap
+(`sampling_gap`: mean |log π_rollout − log π_old| per token, `sampling_gap_max`); with
+`rl.rollout_is: token-truncate` each token's policy-gradient term is weighted by
+w = min(π_old / π_rollout, rl.rollout_is_cap), detached (truncated importance sampling, verl's
+token-level rollout correction), and `is_truncated_frac` is the share of tokens whose weight hit
+the cap.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ from taut.rl.rollouts import RolloutBatch
 
 log = logging.getLogger(__name__)
 
-LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped", "logprob_time", "rows_trained")
+LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped", "logprob_time", "rows_trained",
+                "sampling_gap", "sampling_gap_max", "is_truncated_frac")
 
 
 def resolve_adv_norm(configured: AdvantageNorm | None, strategy: Strategy) -> AdvantageNorm:
@@ -81,15 +91,37 @@ class PolicyGradient:
     def loss(self, logp: Tensor, entropy: Tensor, seq: SequenceBatch, plan: LossPlan, idx: Tensor,
              old_logp: Tensor, ref_logp: Tensor | None, stats: dict[str, float]) -> Tensor:
         cfg = self.cfg
+        is_weights = None
+        if cfg.rollout_is == "token-truncate":
+            is_weights, truncated = rollout_is_weights(old_logp, seq.rollout_logp, seq.mask, cfg.rollout_is_cap)
+            stats["is_truncated"] += truncated
         terms = clipped_policy_loss(
             logp, old_logp, plan.advantages[idx].to(logp.device), seq.mask, plan.weights[idx].to(logp.device),
             clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp, kl_coef=cfg.kl_coef,
-            entropy=entropy, entropy_coef=cfg.entropy_coef,
+            entropy=entropy, entropy_coef=cfg.entropy_coef, is_weights=is_weights,
         )
         stats["clip_low"] += float(terms.clipped_low.sum())
         stats["clip_high"] += float(terms.clipped_high.sum())
         stats["kl_sum"] += float((terms.kl * seq.mask).sum())
         return terms.loss
+
+
+def rollout_is_weights(old_logp: Tensor, rollout_logp: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, int]:
+    """Truncated importance weights [N, T] min(π_old / π_rollout, cap) (1 where the engine gave no
+    log-prob, e.g. forced prefix tokens), and how many response tokens hit the cap."""
+    if rollout_logp is None:
+        raise ValueError("rl.rollout_is needs the engine's log-probs, and this batch has none")
+    known = torch.isfinite(rollout_logp)
+    ratio = torch.exp(old_logp.detach() - torch.where(known, rollout_logp, old_logp.detach()))
+    weights = ratio.clamp(max=cap)
+    return weights, int(((ratio > cap) & (mask > 0)).sum())
+
+
+def sampling_gap(logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> tuple[float, float, int]:
+    """Sum and max of |log π_rollout − log π| over response tokens with an engine log-prob, and their count."""
+    on = (mask > 0) & torch.isfinite(rollout_logp)
+    gap = (logp.detach() - torch.where(on, rollout_logp, logp.detach())).abs()
+    return float(gap.sum()), float(gap.max()) if gap.numel() else 0.0, int(on.sum())
 
 
 class OnPolicySFT:
@@ -147,7 +179,9 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
 
     chunks = [[plan.rows[j] for j in mb]
               for mb in micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in plan.rows], cfg.micro_batch_tokens)]
-    sequences = {tuple(c): SequenceBatch.build([batch.prompts[i] for i in c], [batch.responses[i] for i in c], policy.pad_id, model.device)
+    sampled = batch.rollout_logp
+    sequences = {tuple(c): SequenceBatch.build([batch.prompts[i] for i in c], [batch.responses[i] for i in c], policy.pad_id, model.device,
+                                               rollout_logp=None if sampled is None else [sampled[i] for i in c])
                  for c in chunks}
     T = objective.temperature
     old_logp = {}
@@ -155,9 +189,11 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
         with torch.no_grad(), policy.autocast():
             old_logp = {key: response_logprobs(model, seq, temperature=T)[0] for key, seq in sequences.items()}
 
-    stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0, "forward_time": 0.0}
+    stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0, "forward_time": 0.0,
+             "is_truncated": 0.0}
+    gap_sum, gap_max, gap_tokens = 0.0, 0.0, 0
     grad_norms, skipped = [], 0
-    for _ in range(cfg.updates_per_batch):
+    for update_index in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for key, seq in sequences.items():
             idx = torch.tensor(key)
@@ -165,6 +201,9 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
             with policy.autocast():
                 logp, entropy = response_logprobs(model, seq, with_entropy=True, temperature=T)    # [n, Tr]
             stats["forward_time"] += time.perf_counter() - t_forward
+            if update_index == 0 and seq.rollout_logp is not None:       # the policy that sampled, as the trainer computes it
+                total, worst, count = sampling_gap(old_logp.get(key, logp), seq.rollout_logp, seq.mask)
+                gap_sum, gap_max, gap_tokens = gap_sum + total, max(gap_max, worst), gap_tokens + count
             ref_logp = None
             if reference is not None:
                 with torch.no_grad(), policy.autocast():
@@ -198,4 +237,7 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
         "skipped": float(skipped),
         "logprob_time": stats["forward_time"],
         "rows_trained": len(plan.rows),           # rollouts forwarded (those with zero advantage add nothing)
+        "sampling_gap": gap_sum / gap_tokens if gap_tokens else None,
+        "sampling_gap_max": gap_max if gap_tokens else None,
+        "is_truncated_frac": stats["is_truncated"] / tokens if cfg.rollout_is != "none" else None,
     }

@@ -27,6 +27,7 @@ class RolloutBatch:
 
     prompts: list[list[int]] = field(default_factory=list)      # [K*G] prompt ids per rollout
     responses: list[list[int]] = field(default_factory=list)    # [K*G]
+    rollout_logp: list[list[float]] | None = None                # [K*G] the engine's log-probs, when recorded
     rewards: list[torch.Tensor] = field(default_factory=list)   # K tensors [G]
     sampled: dict[str, list] = field(default_factory=lambda: {"correct": [], "score": [], "length": [], "truncated": [],
                                                               "redundancy": [], "thinks": []})
@@ -51,7 +52,7 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
     G, P = cfg.group_size, cfg.prompts_per_step
     out = RolloutBatch()
     params = SamplingParams(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p,
-                            min_new_tokens=min(cfg.min_new_tokens, cap))
+                            min_new_tokens=min(cfg.min_new_tokens, cap), logprobs=cfg.records_rollout_logprobs)
     while out.rounds < cfg.max_sampling_rounds and len(out.rewards) < P:
         out.rounds += 1
         items = draw(P)
@@ -102,6 +103,8 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
             out.rewards.append(shaped.rewards[g])
             out.prompts += [prompt_ids[g]] * G
             out.responses += rollouts.tokens[g * G : (g + 1) * G]
+            if rollouts.logprobs is not None:
+                out.rollout_logp = (out.rollout_logp or []) + rollouts.logprobs[g * G : (g + 1) * G]
         if not cfg.dynamic_sampling:
             break
     return out

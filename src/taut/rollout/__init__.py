@@ -19,6 +19,8 @@ class Rollouts:
     prompt_index: list[int]       # [R]
     tokens: list[list[int]]       # [R][len] response tokens; the real <eos> included when it ended
     truncated: list[bool]         # [R] reached the cap without <eos>
+    logprobs: list[list[float]] | None = None   # [R][len] log-prob of each token under the distribution it was
+                                                # sampled from (NaN for forced prefix tokens); when asked for
 
     @property
     def lengths(self) -> list[int]:
@@ -34,6 +36,7 @@ class SamplingParams:
     temperature: float = 1.0      # 0 = greedy
     top_p: float = 1.0
     min_new_tokens: int = 0       # <eos> is not sampled before this many tokens (benchmarks at forced length)
+    logprobs: bool = False        # also return each sampled token's log-prob (Rollouts.logprobs)
 
 
 class RolloutEngine(Protocol):
@@ -58,8 +61,11 @@ class RolloutEngine(Protocol):
         ...
 
 
-def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True) -> RolloutEngine:
-    """The rollout engine named in `rl.engine` for a policy (vLLM is imported only when asked for)."""
+def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True, logprobs: bool = False) -> RolloutEngine:
+    """The rollout engine named in `rl.engine` for a policy (vLLM is imported only when asked for).
+
+    `logprobs`: the engine will be asked for sampled tokens' log-probs (vLLM must be built for it;
+    `HFEngine` records them whenever `SamplingParams.logprobs` is set)."""
     if kind == "hf":
         from taut.rollout.hf import HFEngine
 
@@ -67,5 +73,5 @@ def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True) -> 
     if kind == "vllm":
         from taut.rollout.vllm import VLLMEngine
 
-        return VLLMEngine(policy, max_rows=max_rows)
+        return VLLMEngine(policy, max_rows=max_rows, logprobs=logprobs)
     raise ValueError(f"unknown rollout engine {kind!r}; valid engines: hf, vllm")

@@ -21,13 +21,27 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     """Next tokens [R] from logits [R, V]: greedy at temperature 0, else (nucleus) sampling."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)
+    return draw(sampling_probs(logits, params), generator)
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution [R, V] sampled from at temperature > 0: softmax(logits / T), cut to the
+    nucleus when top_p < 1 (then unnormalised: `draw` scales by the row's total)."""
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p   # keep the first token always
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return draw(probs, generator)
+    return probs
+
+
+def drawn_logprobs(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """log-prob [R] of the drawn tokens under the distribution `probs` [R, V] they were drawn from."""
+    picked = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if top_p < 1.0:
+        picked = picked / probs.sum(dim=-1)
+    return picked.log()
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -74,6 +88,8 @@ class HFEngine:
             out.prompt_index += [start + i for i in chunk.prompt_index]
             out.tokens += chunk.tokens
             out.truncated += chunk.truncated
+            if chunk.logprobs is not None:
+                out.logprobs = (out.logprobs or []) + chunk.logprobs
         return out
 
     @torch.inference_mode()
@@ -108,15 +124,23 @@ class HFEngine:
             # ---- decode, dropping finished rows ------------------------------------------
             tokens = torch.full((rows, params.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
             length = torch.zeros(rows, dtype=torch.long, device=device)
+            record = params.logprobs and params.temperature > 0
+            logprobs = torch.full((rows, params.max_new_tokens), float("nan"), device=device) if record else None
             ended = torch.zeros(rows, dtype=torch.bool, device=device)
             active = torch.arange(rows, device=device)          # [A] row of each batch position
             for t in range(params.max_new_tokens):
                 if t < params.min_new_tokens:
                     logits[:, self.eos_id] = float("-inf")
                 live = ~ended[active]                           # [A] positions still writing
-                nxt = sample_next(logits, params, generator)     # [A]
+                if params.temperature == 0:
+                    nxt = logits.argmax(dim=-1)                  # [A]
+                else:
+                    probs = sampling_probs(logits, params)       # [A, V] as modified above (<eos>, first tokens)
+                    nxt = draw(probs, generator)
                 rows_live = active[live]
                 tokens[rows_live, t] = nxt[live]
+                if record:
+                    logprobs[rows_live, t] = drawn_logprobs(probs, nxt, params.top_p)[live]
                 length[rows_live] += 1
                 ended[rows_live] |= nxt[live] == self.eos_id
                 if t == params.max_new_tokens - 1 or bool(ended.all()):
@@ -134,10 +158,15 @@ class HFEngine:
         lengths = length.tolist()
         token_rows = tokens.tolist()
         ended_list = ended.tolist()
+        logprob_rows = None
+        if record:
+            values = logprobs.tolist()
+            logprob_rows = [[float("nan")] * len(prefix) + values[r][: lengths[r]] for r in range(rows)]
         return Rollouts(
             prompt_index=[r // n for r in range(rows)],
             tokens=[list(prefix) + token_rows[r][: lengths[r]] for r in range(rows)],
             truncated=[not e for e in ended_list],
+            logprobs=logprob_rows,
         )
 
 

@@ -21,6 +21,10 @@ machines the tests run on. The code follows vLLM's documented offline API (`LLM`
   for it is an error.
 - Sampling is seeded per request from the trainer's generator, so a run is reproducible with
   the same vLLM version and hardware.
+- With `logprobs=True` (for `rl.rollout_logprobs` / `rl.rollout_is`) each sampled token's
+  log-prob comes back from vLLM, taken after temperature scaling (`logprobs_mode=
+  "processed_logprobs"`, an engine argument of recent vLLM releases; an older vLLM refuses it
+  with an error that says so): the distribution the token was drawn from, as `HFEngine` records.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from taut.rollout import Rollouts, SamplingParams
 
 class VLLMEngine:
     def __init__(self, policy, max_rows: int = 1024, gpu_memory_utilization: float = 0.35,
-                 max_model_len: int | None = None, enforce_eager: bool = False):
+                 max_model_len: int | None = None, enforce_eager: bool = False, logprobs: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # before vLLM creates its engine
         try:
             from vllm import LLM
@@ -55,11 +59,19 @@ class VLLMEngine:
             model_dir = Path(self._tmp.name)
             save_policy(policy, model_dir)
         dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-        self.llm = LLM(
-            model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=0,
-            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_rows, max_model_len=max_model_len,
-            enable_prefix_caching=True, enforce_eager=enforce_eager, generation_config="vllm",
-        )
+        self.logprobs = logprobs
+        extra = {"logprobs_mode": "processed_logprobs"} if logprobs else {}
+        try:
+            self.llm = LLM(
+                model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=0,
+                gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_rows, max_model_len=max_model_len,
+                enable_prefix_caching=True, enforce_eager=enforce_eager, generation_config="vllm", **extra,
+            )
+        except TypeError as err:
+            if not logprobs:
+                raise
+            raise ValueError(f"rl.rollout_logprobs / rl.rollout_is with rl.engine: vllm need a vLLM that takes "
+                             f"logprobs_mode='processed_logprobs' (log-probs after temperature scaling): {err}") from None
         self.sync_weights()
 
     def sync_weights(self) -> None:
@@ -85,10 +97,11 @@ class VLLMEngine:
             settings.append(VSamplingParams(
                 n=n, max_tokens=params.max_new_tokens, min_tokens=params.min_new_tokens, seed=seed, detokenize=False,
                 temperature=params.temperature, top_p=params.top_p if params.temperature > 0 else 1.0,
-                stop_token_ids=[self.eos_id],
+                stop_token_ids=[self.eos_id], logprobs=0 if self.logprobs and params.logprobs else None,
             ))
         outputs = self.llm.generate(requests, settings, use_tqdm=False)
-        out = Rollouts([], [], [])
+        record = self.logprobs and params.logprobs and params.temperature > 0
+        out = Rollouts([], [], [], [] if record else None)
         for i, result in enumerate(outputs):
             completions = sorted(result.outputs, key=lambda c: c.index)
             if len(completions) != n:
@@ -96,8 +109,14 @@ class VLLMEngine:
             for c in completions:
                 tokens = list(c.token_ids)
                 ended = c.finish_reason == "stop"          # the only stop token is the end-of-sequence token
+                if record:                                 # one {token: Logprob} per position, the drawn token in it
+                    values = [step[t].logprob for step, t in zip(c.logprobs, tokens)]
                 if ended and (not tokens or tokens[-1] != self.eos_id):
                     tokens.append(self.eos_id)             # the stop token is an action: keep it in the response
+                    if record:
+                        values.append(float("nan"))        # not returned by vLLM: no correction on it
+                if record:
+                    out.logprobs.append([float("nan")] * len(prefix) + values)
                 out.prompt_index.append(i)
                 out.tokens.append(prefix + tokens)
                 out.truncated.append(not ended)
