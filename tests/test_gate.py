@@ -1,6 +1,7 @@
 """The mastery gate ablation: with the gate off only unmastered groups' rewards change."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,14 @@ def test_gate_suite_parses_and_expands_methods_strengths_and_seeds():
     for family in ("dapo", "sigmoid", "siri"):
         assert len([n for n in methods if n.startswith(f"{family}@")]) == 3
     assert suite.bench.train == ["gym:train+search"] and "search" in suite.bench.eval.tasks[0]
-    assert [c.family for c in suite.curves] == ["control", "gate-on", "gate-off", "gate-on+sampler", "dapo", "sigmoid", "siri"]
+    assert [c.family for c in suite.curves] == ["control", "gate-on", "gate-off", "gate-on+sampler", "curriculum", "dapo",
+                                                "sigmoid", "siri"]
+    curriculum = methods["curriculum"]
+    assert [p.strategy.name for p in curriculum.phases] == ["mastery-gated", "none"]
+    assert curriculum.phases[0].strategy == methods["gate-on@alpha=1.0"].strategy
+    assert curriculum.evaluate == {"compressed": 100, "final": 150} == {"compressed": curriculum.phases[0].steps, "final": suite.bench.steps}
+    assert suite.compare == (("gate-on", "gate-off"), ("gate-on+sampler", "gate-on@alpha=1.0"),
+                             ("curriculum", "curriculum (compressed)"))
     quick = load_suite(ROOT / "recipes" / "bench-gate.yaml", quick=True)
     assert quick.bench.model == "builtin:testbed-sft" and quick.bench.steps < 10
 
@@ -143,6 +151,63 @@ def test_level_stats_count_direct_answers_only_where_steps_are_necessary():
     (row,) = tables["rows"]
     assert row["seeds"] == 2 and row["search_accuracy"] == pytest.approx(0.4)
     assert row["levels"]["2"]["direct_where_necessary"] == pytest.approx(0.45)
+
+
+def _row(name, accuracy, search, n=1000):
+    return {"method": name, "accuracy": sum(accuracy) / len(accuracy), "search_accuracy": sum(search) / len(search),
+            "tokens": 30.0, "search_tokens": 50.0, "seed_values": {"accuracy": accuracy, "search_accuracy": search},
+            "accuracy_se": math.sqrt(sum(p * (1 - p) / n for p in accuracy)) / len(accuracy),
+            "search_accuracy_se": math.sqrt(sum(p * (1 - p) / n for p in search)) / len(search)}
+
+
+def test_a_difference_counts_only_beyond_its_error_bar_with_the_seeds_apart():
+    from taut.bench.suite import compare
+
+    rows = [_row("on", [0.90, 0.92], [0.60, 0.64]), _row("off", [0.89, 0.93], [0.40, 0.44]), _row("far", [0.70, 0.95], [0.1, 0.1])]
+    c = compare(rows, "on", "off", "search_accuracy")
+    assert c["difference"] == pytest.approx(0.20) and c["seeds_separated"] and c["counts"]
+    se = math.sqrt(0.6 * 0.4 / 1000 + 0.64 * 0.36 / 1000) / 2, math.sqrt(0.4 * 0.6 / 1000 + 0.44 * 0.56 / 1000) / 2
+    assert c["error_bar"] == pytest.approx(2 * math.sqrt(se[0] ** 2 + se[1] ** 2))
+    same = compare(rows, "on", "off", "accuracy")                 # equal means, overlapping seeds
+    assert same["difference"] == pytest.approx(0.0) and not same["counts"]
+    overlap = compare(rows, "on", "far", "accuracy")              # a mean gap, but one seed of `far` beats `on`
+    assert overlap["difference"] > overlap["error_bar"] and not overlap["seeds_separated"] and not overlap["counts"]
+    assert compare(rows, "on", "missing", "accuracy") is None
+
+
+def test_family_pairs_are_compared_value_by_value():
+    from taut.bench.suite import comparisons
+
+    suite = load_suite(ROOT / "recipes" / "bench-gate.yaml")
+    rows = [_row(f"gate-{side}@alpha={a}", [0.9, 0.9], [0.5, 0.5]) for side in ("on", "off") for a in (0.25, 1.0, 4.0)]
+    rows += [_row("curriculum", [0.9, 0.9], [0.5, 0.5]), _row("curriculum (compressed)", [0.8, 0.8], [0.4, 0.4])]
+    pairs = {(c["a"], c["b"]) for c in comparisons(suite, rows)}
+    assert pairs == {(f"gate-on@alpha={a}", f"gate-off@alpha={a}") for a in (0.25, 1.0, 4.0)} | {("curriculum", "curriculum (compressed)")}
+
+
+def test_compare_names_must_exist(tmp_path):
+    bad = tmp_path / "bench-bad.yaml"
+    bad.write_text(yaml.safe_dump({"suite": "bad", "title": "t", "compare": [["m", "gate-of"]],
+                                   "methods": [{"name": "m", "strategy": {"name": "none"}}]}))
+    with pytest.raises(ConfigError, match=r"compare\[0\]: no method or family 'gate-of'"):
+        load_suite(bad)
+
+
+def test_start_redundancy_by_kind_and_level(tmp_path):
+    from taut.bench.suite import start_redundancy
+
+    path = tmp_path / "start.samples.jsonl"
+    rows = [  # (domain, level, text, length incl. <eos>, redundant tokens, thinks)
+        ("add", 1, "</think> answer 5", 4, 0, False),
+        ("add", 1, "2 + 3 = 5 ; </think> answer 5 check 2 + 3 = 5 ok", 17, 13, True),   # 6 thinking + 7 rounds
+        ("search", 1, "</think> answer 3", 4, 0, False),
+    ]
+    path.write_text("".join(json.dumps({"domain": d, "difficulty": lv, "text": t, "length": n, "redundant_tokens": r,
+                                        "thinks": th, "truncated": False}) + "\n" for d, lv, t, n, r, th in rows))
+    default = start_redundancy(path, exclude={"search"})
+    assert default["1"] == pytest.approx({"redundancy": 13 / 21, "extra_thinking": 6 / 21, "rounds": 7 / 21, "direct": 0.5})
+    assert start_redundancy(path)["all"]["direct"] == pytest.approx(2 / 3)
+    assert start_redundancy(tmp_path / "none.jsonl") == {}
 
 
 def test_the_suite_recipe_is_a_bench_recipe():

@@ -106,7 +106,9 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
     start_dir = out / "start"
     start_cfg = _run_config(bench, bench.model, bench.start_steps, bench.seed, None)
     tick = time.perf_counter()
-    if not (start_dir / "selection.json").exists() and not (start_dir / "curriculum.json").exists():
+    resumed: list[str] = []
+    fresh = not (start_dir / "selection.json").exists() and not (start_dir / "curriculum.json").exists()
+    if fresh:
         shutil.rmtree(start_dir, ignore_errors=True)
         train_rl(start_cfg, start_dir, quiet=True)
     start_ckpt = chosen_checkpoint(start_dir)
@@ -114,7 +116,7 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
     if not start_eval_path.exists():
         evaluate_target(start_cfg, start_ckpt, start_eval_path)
     start_eval = json.loads(start_eval_path.read_text())
-    timings["start"] = time.perf_counter() - tick
+    timings["start"] = _recorded_seconds(start_dir, time.perf_counter() - tick, fresh, resumed)
     console.print(f"bench: start {start_ckpt} — accuracy {start_eval['overall']['accuracy']:.3f}, "
                   f"{start_eval['overall']['tokens_mean']:.1f} tokens ({timings['start']:.0f} s)")
 
@@ -126,7 +128,8 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
             run_dir = out / method.name / f"seed{seed}"
             tick = time.perf_counter()
             config = _run_config(bench, str(start_ckpt), bench.steps, seed, method)
-            if not (run_dir / "curriculum.json").exists():
+            fresh = not (run_dir / "curriculum.json").exists()
+            if fresh:
                 shutil.rmtree(run_dir, ignore_errors=True)
                 train_rl(config, run_dir, quiet=True)
             (run_dir / "eval").mkdir(exist_ok=True)
@@ -141,20 +144,37 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
                 evals[label] = json.loads(path.read_text())
             curriculum = json.loads((run_dir / "curriculum.json").read_text())
             results[key] = {"method": method.name, "seed": seed, "run_dir": str(run_dir), "evals": evals,
-                            "phases": curriculum["phases"], "seconds": time.perf_counter() - tick}
+                            "phases": curriculum["phases"], "seconds": _recorded_seconds(run_dir, time.perf_counter() - tick, fresh, resumed)}
             timings[key] = results[key]["seconds"]
             for label, e in evals.items():
                 console.print(f"bench: {key} {label}: accuracy {e['overall']['accuracy']:.3f}, "
                               f"{e['overall']['tokens_mean']:.1f} tokens ({timings[key]:.0f} s)")
 
+    # a resumed matrix reports the times its runs took when they ran, not this invocation's
+    seconds = sum(timings.values()) if resumed else time.perf_counter() - t0
     summary = {"start": start_eval, "results": results, "rows": summarise(start_eval, results),
-               "seconds": time.perf_counter() - t0, "timings": timings, "command": command,
+               "seconds": seconds, "resumed": resumed, "timings": timings, "command": command,
                "config": bench.model_dump(mode="json")}
     (out / "bench.json").write_text(json.dumps(finite(summary), indent=1))
     figures = _figures(out, results)
     if benchmarks_md is not None:
         write_benchmarks_md(benchmarks_md, summary, figures)
     return summary
+
+
+def _recorded_seconds(run_dir: Path, measured: float, fresh: bool, resumed: list[str]) -> float:
+    """The time a run (training and evaluation) took when it ran. A run trained by this invocation
+    records its measured time in its directory; a run found done reports the time recorded then
+    (or, from before records were kept, this invocation's time) and is listed in `resumed`."""
+    record = Path(run_dir) / "bench-seconds.json"
+    if fresh or not record.exists():
+        if fresh:
+            record.write_text(json.dumps({"seconds": measured}))
+        else:
+            resumed.append(str(run_dir))
+        return measured
+    resumed.append(str(run_dir))
+    return json.loads(record.read_text())["seconds"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +296,9 @@ def write_benchmarks_md(path: Path, summary: dict[str, Any], figures: dict[str, 
         summary["command"],
         "```",
         "",
-        f"Full run: {summary['seconds'] / 60:.1f} minutes on this machine. Settings: {summary['config']['start_steps']} accuracy-RL steps",
+        f"Full run: {summary['seconds'] / 60:.1f} minutes on this machine"
+        + (f" (the sum of its runs' recorded times; {len(summary['resumed'])} found done on resuming)" if summary.get("resumed") else "")
+        + f". Settings: {summary['config']['start_steps']} accuracy-RL steps",
         f"for the start, then {summary['config']['steps']} RL steps per method of {summary['config']['rl']['prompts_per_step']} prompts ×",
         f"{summary['config']['rl']['group_size']} rollouts (dynamic sampling off, so every method gets the same rollouts),",
         f"evaluated on the test split with {summary['config']['eval']['n_per_level']} problems per domain and level and",

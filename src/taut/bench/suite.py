@@ -13,6 +13,9 @@ A suite recipe is `recipes/bench-NAME.yaml` (`taut bench --suite NAME`). It is a
         strategy: {name: mastery-gated-nogate}
         sweep: {alpha: [0.25, 1.0, 4.0]}     # … one strategy parameter, weakest first
         sampler: {mastered_fraction: adaptive}   # optional: draw batches with the mixture sampler
+    compare:                     optional: matched pairs, reported as differences with error bars
+      - [gate-on, gate-off]      two families: paired value by value of their sweeps
+      - [curriculum, curriculum (compressed)]   or two rows (a method's labelled evaluation)
 
 A method with a `sweep` expands into one matrix method per value, named `FAMILY@PARAM=VALUE`;
 a method with a `sampler` runs as one phase of `steps` steps with that sampler. Everything else
@@ -27,6 +30,7 @@ domain), with a Pareto plot of the families' curves over their strengths.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +62,7 @@ class Suite:
     curves: tuple[Curve, ...]
     path: Path
     prepare: str | None = None      # the command that builds the model the suite starts from
+    compare: tuple[tuple[str, str], ...] = ()   # (a, b): rows or families set against each other, a − b
 
 
 def suite_path(name: str) -> Path:
@@ -82,6 +87,7 @@ def load_suite(path: Path, quick: bool = False) -> Suite:
         if not isinstance(raw.get(key), str):
             raise ConfigError(f"{where}: field {key!r}: expected a string, got {raw.get(key)!r}")
     name, title, prepare = raw.pop("suite"), raw.pop("title"), raw.pop("prepare", None)
+    compare_pairs = raw.pop("compare", None) or []
     methods, curves = [], []
     for index, method in enumerate(raw.get("methods") or []):
         expanded, curve = _expand(method, raw.get("steps", BenchConfig.model_fields["steps"].default), f"{where}: methods[{index}]")
@@ -95,7 +101,19 @@ def load_suite(path: Path, quick: bool = False) -> Suite:
         bench = BenchConfig.model_validate({**raw, "methods": methods})
     except ValidationError as err:
         raise ConfigError(f"{where}: {err}") from None
-    return Suite(name, title, bench, tuple(curves), path, prepare)
+    known = {c.family for c in curves} | set(names)
+    known |= {f"{m.name} ({label})" for m in bench.methods for label in (m.evaluate or {}) if label != "final"}
+    pairs = []
+    for index, pair in enumerate(compare_pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ConfigError(f"{where}: compare[{index}]: expected a pair of method or family names, got {pair!r}")
+        unknown = [x for x in pair if x not in known]
+        if unknown and not quick:
+            raise ConfigError(f"{where}: compare[{index}]: no method or family {', '.join(map(repr, unknown))} "
+                              f"(known: {', '.join(sorted(known))})")
+        if not unknown:
+            pairs.append((pair[0], pair[1]))
+    return Suite(name, title, bench, tuple(curves), path, prepare, tuple(pairs))
 
 
 def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
@@ -147,14 +165,23 @@ def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str)
     except FileNotFoundError as err:
         hint = f"; build it first: {suite.prepare}" if suite.prepare else ""
         raise ConfigError(f"{suite.path}: model: {err}{hint}") from None
+    from taut.tasks.gym.domains import OPT_IN_DOMAINS
+
     summary = run_bench(suite.bench, out, None, command)
-    tables = suite_tables(summary, start_samples=Path(out) / "start-eval.samples.jsonl")
+    start_samples = Path(out) / "start-eval.samples.jsonl"
+    tables = suite_tables(summary, start_samples=start_samples)
+    tables["comparisons"] = comparisons(suite, tables["rows"])
+    tables["start_redundancy"] = {"default": start_redundancy(start_samples, exclude=set(OPT_IN_DOMAINS)),
+                                  "all": start_redundancy(start_samples)}
+    tables["start"]["default_accuracy"] = _domain_mean(summary["start"], set(summary["start"]["by_domain"]) - set(OPT_IN_DOMAINS),
+                                                       "accuracy")
     (Path(out) / "suite.json").write_text(json.dumps({"suite": suite.name, **tables}, indent=1))
     figure_dir = (benchmarks_md.parent / "docs" / "figures") if benchmarks_md is not None else Path(out)
     figure = pareto_curves(suite, tables["rows"], tables["start"], figure_dir / f"{suite.name}-pareto.png")
+    bars = level_bars(suite, tables["rows"], tables["start"], figure_dir / f"{suite.name}-search-levels.png")
     if benchmarks_md is not None:
-        link = figure.relative_to(benchmarks_md.parent) if figure is not None else None
-        write_section(benchmarks_md, suite.name, results_section(suite, summary, tables, link))
+        links = [f.relative_to(benchmarks_md.parent) if f is not None else None for f in (figure, bars)]
+        write_section(benchmarks_md, suite.name, results_section(suite, summary, tables, *links))
     return {**summary, "suite": tables}
 
 
@@ -217,13 +244,20 @@ def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> 
 
     def row_of(evals: list[dict], samples: list[Path | None]) -> dict[str, Any]:
         guesses = [guess_stats(p, search) for p in samples if p is not None]
-        row: dict[str, Any] = {
-            "accuracy": _mean([e["overall"]["accuracy"] for e in evals]),
-            "tokens": _mean([e["overall"]["tokens_mean"] for e in evals]),
-            "search_accuracy": _mean([_domain_mean(e, search, "accuracy") for e in evals]),
-            "search_tokens": _mean([_domain_mean(e, search, "tokens_mean") for e in evals]),
+        per_seed = {
+            "accuracy": [e["overall"]["accuracy"] for e in evals],
+            "tokens": [e["overall"]["tokens_mean"] for e in evals],
+            "search_accuracy": [_domain_mean(e, search, "accuracy") for e in evals],
+            "search_tokens": [_domain_mean(e, search, "tokens_mean") for e in evals],
+        }
+        row: dict[str, Any] = {key: _mean(values) for key, values in per_seed.items()}
+        row |= {
             "search_guess_rate": _mean([g["guess_rate"] for g in guesses]),
             "search_guess_accuracy": _mean([g["guess_accuracy"] for g in guesses]),
+            "seed_values": per_seed,
+            # binomial standard error of the seeds' mean accuracy: √(p(1 − p) / n) per evaluation, over √seeds
+            "accuracy_se": _mean_se([(e["overall"]["accuracy"], e["overall"]["n_samples"]) for e in evals]),
+            "search_accuracy_se": _mean_se([(_domain_mean(e, search, "accuracy"), _domain_samples(e, search)) for e in evals]),
         }
         for key, domains in (("levels", None), ("search_levels", search)):
             per = [level_stats(e, domains) for e in evals]
@@ -246,6 +280,89 @@ def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> 
         row["accuracy_change"] = row["accuracy"] - start["accuracy"]
         rows.append(row)
     return {"start": start, "rows": rows}
+
+
+def _mean_se(pairs: list[tuple[float | None, int]]) -> float | None:
+    """Standard error of the mean of independent accuracies, each p over n samples."""
+    pairs = [(p, n) for p, n in pairs if p is not None and n]
+    if not pairs:
+        return None
+    return math.sqrt(sum(p * (1 - p) / n for p, n in pairs)) / len(pairs)
+
+
+def _domain_samples(evaluation: dict, domains: set[str]) -> int:
+    return sum(s.get("n_samples", 0) for d, s in evaluation["by_domain"].items() if d in domains)
+
+
+def compare(rows: list[dict], a: str, b: str, metric: str) -> dict[str, Any] | None:
+    """Row a against row b on an accuracy metric: the difference of the seed means, its error bar
+    2·√(SE_a² + SE_b²) from the evaluations' standard errors, and whether the difference counts:
+    larger than that bar and every seed of one row on the same side of every seed of the other."""
+    by_name = {r["method"]: r for r in rows}
+    if a not in by_name or b not in by_name or by_name[a].get(metric) is None or by_name[b].get(metric) is None:
+        return None
+    ra, rb = by_name[a], by_name[b]
+    diff = ra[metric] - rb[metric]
+    se_a, se_b = ra.get(f"{metric}_se"), rb.get(f"{metric}_se")
+    bar = 2 * math.sqrt(se_a**2 + se_b**2) if se_a is not None and se_b is not None else None
+    va = [v for v in ra["seed_values"][metric] if v is not None]
+    vb = [v for v in rb["seed_values"][metric] if v is not None]
+    separated = bool(va and vb and (min(va) > max(vb) or max(va) < min(vb)))
+    return {"a": a, "b": b, "metric": metric, "difference": diff, "error_bar": bar,
+            "seeds_separated": separated, "counts": bar is not None and abs(diff) > bar and separated}
+
+
+def comparisons(suite: "Suite", rows: list[dict]) -> list[dict[str, Any]]:
+    """The suite's `compare` pairs, family pairs expanded value by value (gate-on@alpha=1.0 against
+    gate-off@alpha=1.0), on accuracy and search accuracy, with tokens alongside."""
+    curves = {c.family: c for c in suite.curves}
+    pairs: list[tuple[str, str]] = []
+    for a, b in suite.compare:
+        if a in curves and b in curves and curves[a].param:
+            values_b = {v: n for n, v in curves[b].points}
+            pairs += [(n, values_b[v]) for n, v in curves[a].points if v in values_b]
+        else:
+            pairs.append((a, b))
+    by_name = {r["method"]: r for r in rows}
+    out = []
+    for a, b in pairs:
+        for metric in ("accuracy", "search_accuracy"):
+            c = compare(rows, a, b, metric)
+            if c is not None:
+                tokens = "tokens" if metric == "accuracy" else "search_tokens"
+                c["tokens_a"], c["tokens_b"] = by_name[a][tokens], by_name[b][tokens]
+                out.append(c)
+    return out
+
+
+def start_redundancy(samples_path: Path, exclude: set[str] = frozenset()) -> dict[str, dict[str, float]]:
+    """The start's redundant tokens by kind and level, from its evaluation samples on the testbed:
+    thinking beyond the necessary steps, and rounds written after the graded answer (shares of all
+    response tokens), and the share of responses that answer without a step."""
+    from taut.tasks.gym.task import read_answer
+
+    if not samples_path.exists():
+        return {}
+    cells: dict[str, dict[str, float]] = {}
+    for line in samples_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        s = json.loads(line)
+        if s.get("redundant_tokens") is None or s["domain"] in exclude:
+            continue
+        words = s["text"].split()
+        answer, end = read_answer(words, not s["truncated"])
+        post = len(words) - end if answer is not None else 0
+        for key in (str(s["difficulty"]), "all"):
+            c = cells.setdefault(key, {"tokens": 0, "redundant": 0, "rounds": 0, "responses": 0, "direct": 0})
+            c["tokens"] += s["length"]
+            c["redundant"] += s["redundant_tokens"]
+            c["rounds"] += post
+            c["responses"] += 1
+            c["direct"] += not s["thinks"]
+    return {key: {"redundancy": c["redundant"] / c["tokens"], "extra_thinking": (c["redundant"] - c["rounds"]) / c["tokens"],
+                  "rounds": c["rounds"] / c["tokens"], "direct": c["direct"] / c["responses"]}
+            for key, c in sorted(cells.items(), key=lambda kv: (kv[0] == "all", kv[0]))}
 
 
 def _domain_mean(evaluation: dict, domains: set[str], key: str) -> float | None:
@@ -284,6 +401,43 @@ def pareto_curves(suite: Suite, rows: list[dict], start: dict, path: Path) -> Pa
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    return path
+
+
+def level_bars(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path | None:
+    """The search domain per level: accuracy and tokens of the start, and of each family at its
+    middle strength (mean over seeds), as grouped bars."""
+    from matplotlib.figure import Figure
+
+    from taut.report.figures import run_colors
+
+    by_name = {r["method"]: r for r in rows}
+    picks = [("start", start)]
+    for curve in suite.curves:
+        present = [n for n, _ in curve.points if n in by_name]
+        if present:
+            name = present[len(present) // 2]
+            picks.append((name, by_name[name]))
+    levels = sorted({lv for _, r in picks for lv in r.get("search_levels", {})}, key=int)
+    if not levels:
+        return None
+    fig = Figure(figsize=(8.0, 5.0), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    width = 0.8 / len(picks)
+    colors = ["0.4"] + run_colors(len(picks) - 1)
+    for ax, key, label in ((axes[0], "accuracy", "accuracy"), (axes[1], "tokens", "mean tokens")):
+        for i, ((name, row), color) in enumerate(zip(picks, colors)):
+            values = [row["search_levels"].get(lv, {}).get(key) for lv in levels]
+            xs = [j + (i - (len(picks) - 1) / 2) * width for j in range(len(levels))]
+            ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
+                   color=color, label=name)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].set_xticks(range(len(levels)), [f"level {lv}" for lv in levels])
+    axes[0].set_title("search domain, per level (each family at its middle strength)", fontsize=9)
+    axes[0].legend(fontsize=6, ncol=3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     return path
@@ -358,8 +512,20 @@ def _level_cell(s: dict) -> str:
     return f"{_f(s['accuracy'])} / {_f(s['tokens'], 1)} / {_f(s['coverage'])} / {_f(s['direct_where_necessary'])}"
 
 
-def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any], figure: Path | None) -> str:
+def _pts(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f} pts"
+
+
+def _seeds(values: list[float | None], digits: int = 3) -> str:
+    return ", ".join(_f(v, digits) for v in values)
+
+
+def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any], figure: Path | None,
+                    bars: Path | None = None) -> str:
     start, rows = tables["start"], sorted(tables["rows"], key=lambda r: r["method"])
+    took = f"Ran in {summary['seconds'] / 60:.1f} minutes on this machine"
+    if summary.get("resumed"):
+        took += f" (the sum of the times its runs recorded when they ran; {len(summary['resumed'])} found done on resuming)"
     lines = [
         f"## {suite.title}",
         "",
@@ -367,24 +533,51 @@ def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any
         summary["command"],
         "```",
         "",
-        f"Ran in {summary['seconds'] / 60:.1f} minutes on this machine. Generated; the numbers are measured, not edited.",
+        f"{took}. Generated; the numbers are measured, not edited.",
         "",
         *design_lines(suite),
         "",
-        f"**Start**: accuracy {start['accuracy']:.3f}, {start['tokens']:.1f} tokens; search domain "
+        f"**Start**: accuracy {start['accuracy']:.3f} (the seven default domains: {_f(start.get('default_accuracy'), 3)}), "
+        f"{start['tokens']:.1f} tokens; search domain "
         f"{_f(start['search_accuracy'], 3)} / {_f(start['search_tokens'], 1)} tokens, guesses {_f(start['search_guess_rate'])} "
         f"of its answers, right {_f(start['search_guess_accuracy'])} of the time.",
+    ]
+    redundancy = tables.get("start_redundancy") or {}
+    for key, title in (("default", "the seven default domains"), ("all", "all domains, search included")):
+        cells = redundancy.get(key) or {}
+        if cells:
+            lines += ["", f"Start, {title}: redundant tokens by kind (shares of all response tokens) and direct answers",
+                      "", "| level | redundant | thinking beyond the necessary steps | rounds after the answer | responses without a step |",
+                      "|---|---|---|---|---|"]
+            for level, c in cells.items():
+                lines.append(f"| {level} | {100 * c['redundancy']:.1f}% | {100 * c['extra_thinking']:.1f}% | {100 * c['rounds']:.1f}% | "
+                             f"{100 * c['direct']:.1f}% |")
+    lines += [
         "",
-        "Search guesses: the share of search answers written without a step, and their accuracy (chance: 0.10 for a",
-        "random digit, 0.50 for a pick between the two digits the target allows).",
+        "Accuracy is the mean over seeds ± the binomial standard error of that mean (√(p(1 − p)/n) per evaluation);",
+        "the seeds' own values follow. Search guesses: the share of search answers written without a step, and their",
+        "accuracy (chance: 0.10 for a random digit, 0.50 for a pick between the two digits the target allows).",
         "",
-        "| method | seeds | accuracy | tokens | length change | accuracy change | search accuracy | search tokens | search guesses | guesses right |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | seeds | accuracy | per seed | tokens | length change | accuracy change | search accuracy | per seed | search tokens | search guesses | guesses right |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['method']} | {r['seeds']} | {r['accuracy']:.3f} | {r['tokens']:.1f} | {100 * r['length_change']:+.1f}% | "
-                     f"{100 * r['accuracy_change']:+.1f} pts | {_f(r['search_accuracy'], 3)} | {_f(r['search_tokens'], 1)} | "
+        sv = r.get("seed_values", {})
+        lines.append(f"| {r['method']} | {r['seeds']} | {r['accuracy']:.3f} ± {_f(r.get('accuracy_se'), 3)} | "
+                     f"{_seeds(sv.get('accuracy', []))} | {r['tokens']:.1f} | {100 * r['length_change']:+.1f}% | "
+                     f"{100 * r['accuracy_change']:+.1f} pts | {_f(r['search_accuracy'], 3)} ± {_f(r.get('search_accuracy_se'), 3)} | "
+                     f"{_seeds(sv.get('search_accuracy', []))} | {_f(r['search_tokens'], 1)} | "
                      f"{_f(r['search_guess_rate'])} | {_f(r['search_guess_accuracy'])} |")
+    pairs = tables.get("comparisons") or []
+    if pairs:
+        lines += ["", "**Matched comparisons** (a − b). A difference counts when it is larger than its error bar,",
+                  "2·√(SE_a² + SE_b²), and every seed of one side lies beyond every seed of the other.", "",
+                  "| a | b | on | difference | error bar | seeds apart | counts | tokens a / b |", "|---|---|---|---|---|---|---|---|"]
+        for c in pairs:
+            lines.append(f"| {c['a']} | {c['b']} | {c['metric'].replace('_', ' ')} | {100 * c['difference']:+.1f} pts | "
+                         f"{_pts(c['error_bar'])} | "
+                         f"{'yes' if c['seeds_separated'] else 'no'} | {'**yes**' if c['counts'] else 'no'} | "
+                         f"{_f(c['tokens_a'], 1)} / {_f(c['tokens_b'], 1)} |")
     for key, title in (("levels", "all domains"), ("search_levels", "search domain")):
         levels = sorted({lv for r in [start, *rows] for lv in r[key]}, key=int)
         lines += ["", f"Per level, {title}: accuracy / tokens / necessary-step coverage / direct answers where steps are necessary",
@@ -393,4 +586,6 @@ def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any
             lines.append(f"| {r['method']} | " + " | ".join(_level_cell(r[key][lv]) if lv in r[key] else "–" for lv in levels) + " |")
     if figure is not None:
         lines += ["", "**Accuracy against tokens, each family over its strengths**", "", f"![{suite.name} Pareto curves]({figure})"]
+    if bars is not None:
+        lines += ["", "**The search domain per level**", "", f"![{suite.name} search domain per level]({bars})"]
     return "\n".join(lines)
