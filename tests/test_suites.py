@@ -176,7 +176,7 @@ def test_the_transfer_view_compares_each_suite(tmp_path):
     assert rows["code"]["tokens_change_pct"] == pytest.approx(0.0)
     assert rows["code"]["score_change_pp"] == pytest.approx(50.0)
     assert rows["qa"]["score_change_pp"] == pytest.approx(-50.0)
-    assert rich_table(before, after).row_count == 3
+    assert rich_table(suite_rows(before, after)).row_count == 3
 
     import json
 
@@ -190,6 +190,16 @@ def test_the_transfer_view_compares_each_suite(tmp_path):
     assert plotted["math"]["tokens_change_pct"] == pytest.approx(-50.0)
     assert plotted["qa"]["score_change_pp"] == pytest.approx(-50.0)
     assert 'id="transfer_by_suite"' in page.read_text()
+
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    result = CliRunner().invoke(app, ["compare", str(run), "--out", str(tmp_path / "cli-report")], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "transfer: run (step-000000 → step-000010)" in result.output
+    line = next(l for l in result.output.splitlines() if l.strip().startswith("math"))
+    assert "100.0 → 50.0" in line and "-50.0%" in line
 
 
 def test_the_transfer_view_says_why_it_is_missing(tmp_path):

@@ -100,17 +100,22 @@ def _finite_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (_nan_to_none([v])[0] if isinstance(v, float) else v) for k, v in row.items()}
 
 
-def rich_table(before: dict[str, Any], after: dict[str, Any], title: str = "transfer") -> Table:
-    """The transfer table of two evaluation JSONs (e.g. the starting model and a run's checkpoint)."""
+def rich_table(rows: list[dict[str, Any]], title: str = "transfer") -> Table:
+    """The transfer table for the terminal, from `suite_rows` (or the same rows read back from
+    report.json, where missing values are None)."""
     t = Table(title=title, box=box.SIMPLE_HEAD)
     for col in ("domain", "role", "problems", "tokens", "Δ tokens", "score", "Δ score"):
         t.add_column(col, justify="left" if col in ("domain", "role") else "right")
-    for row in suite_rows(before, after):
+    for row in rows:
         t.add_row(row["domain"], row["role"], str(row["n_problems"]),
-                  f"{row['tokens_before']:.1f} → {row['tokens_after']:.1f}", _fmt(row["tokens_change_pct"], "%"),
-                  f"{100 * row['score_before']:.1f}% → {100 * row['score_after']:.1f}%", _fmt(row["score_change_pp"], "pp"))
+                  f"{_num(row['tokens_before'], '.1f')} → {_num(row['tokens_after'], '.1f')}", _fmt(row["tokens_change_pct"], "%"),
+                  f"{_num(row['score_before'], '.1%')} → {_num(row['score_after'], '.1%')}", _fmt(row["score_change_pp"], "pp"))
     return t
 
 
-def _fmt(v: float, unit: str) -> str:
-    return "–" if math.isnan(v) else f"{v:+.1f}{unit}"
+def _num(v: float | None, spec: str) -> str:
+    return "–" if v is None or math.isnan(v) else format(v, spec)
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:+.1f}{unit}"
