@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-speed bench-speed-real
+.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,11 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/taut bench --quick
+
+# The gate study (recipes/bench-gate.yaml): the SFT model that knows the search domain, then the suite.
+bench-gate: $(STAMP)
+	test -d runs/testbed-sft-search || $(BIN)/taut sft --config recipes/testbed-sft-search.yaml --out runs/testbed-sft-search
+	$(BIN)/taut bench --suite gate
 
 bench-speed: $(STAMP)
 	$(BIN)/taut bench speed --vs trl
