@@ -33,3 +33,21 @@ def test_a_resumed_matrix_reports_the_times_its_runs_took_when_they_ran(tmp_path
     older = tmp_path / "older"
     older.mkdir()
     assert _recorded_seconds(older, 0.3, False, resumed) == 0.3 and resumed[-1] == str(older)   # no record: flagged
+
+
+@pytest.mark.slow
+def test_workers_run_methods_in_parallel_with_the_same_results(tmp_path):
+    """`workers: 2` trains the methods in two processes; every run is seeded on its own, so the
+    results equal those of one process running them in turn (slow: about a minute)."""
+    from taut.bench.matrix import BenchConfig, run_bench
+
+    spec = {"model": "builtin:testbed-sft", "threads": 1, "start_steps": 2, "steps": 2,
+            "rl": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 64, "dynamic_sampling": False, "checkpoint_every": 2},
+            "eval": {"n_per_level": 2, "samples": 1},
+            "methods": [{"name": "control", "strategy": {"name": "none"}}, {"name": "sigmoid", "strategy": {"name": "sigmoid"}}]}
+    one = run_bench(BenchConfig.model_validate(spec), tmp_path / "one", None, "one")
+    two = run_bench(BenchConfig.model_validate({**spec, "workers": 2}), tmp_path / "two", None, "two")
+    assert set(one["results"]) == set(two["results"]) == {"control/seed0", "sigmoid/seed0"}
+    for key in one["results"]:
+        a, b = one["results"][key]["evals"]["final"], two["results"][key]["evals"]["final"]
+        assert a["overall"] == b["overall"] and a["by_cell"] == b["by_cell"]

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import shutil
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ class BenchConfig(Strict):
     seed: int = 0
     model: str = "builtin:testbed-sft"
     threads: int | None = None
+    workers: int = Field(1, ge=1, description="method runs trained at the same time, each in its own process "
+                                              "(with threads: 1, one per core)")
     start_steps: int = Field(100, ge=1, description="accuracy-RL steps that make the shared start")
     steps: int = Field(120, ge=1, description="RL steps per method from the start")
     train: list[str] = Field(default_factory=lambda: ["gym:train"], description="task specs the start and every method train on")
@@ -121,36 +125,23 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
                   f"{start_eval['overall']['tokens_mean']:.1f} tokens ({timings['start']:.0f} s)")
 
     # ---- the methods -------------------------------------------------------------------------
+    jobs = [(method, seed) for method in bench.methods for seed in method.seeds]
+    if bench.workers > 1:          # independent runs from the same start, `workers` at a time
+        context = multiprocessing.get_context("spawn")      # fresh interpreters: no forked OpenMP state
+        with ProcessPoolExecutor(max_workers=bench.workers, mp_context=context) as pool:
+            done = list(pool.map(_run_method, *zip(*[(bench, method, seed, start_ckpt, start_eval_path, out)
+                                                      for method, seed in jobs])))
+    else:
+        done = [_run_method(bench, method, seed, start_ckpt, start_eval_path, out) for method, seed in jobs]
     results: dict[str, Any] = {}
-    for method in bench.methods:
-        for seed in method.seeds:
-            key = f"{method.name}/seed{seed}"
-            run_dir = out / method.name / f"seed{seed}"
-            tick = time.perf_counter()
-            config = _run_config(bench, str(start_ckpt), bench.steps, seed, method)
-            fresh = not (run_dir / "curriculum.json").exists()
-            if fresh:
-                shutil.rmtree(run_dir, ignore_errors=True)
-                train_rl(config, run_dir, quiet=True)
-            (run_dir / "eval").mkdir(exist_ok=True)
-            shutil.copy(start_eval_path, run_dir / "eval" / "step-000000.json")   # step 0 is the start's weights
-            targets = ({label: run_dir / "checkpoints" / f"step-{step:06d}" for label, step in method.evaluate.items()}
-                       if method.evaluate else {"final": chosen_checkpoint(run_dir)})
-            evals = {}
-            for label, ckpt in targets.items():
-                path = run_dir / "eval" / f"{ckpt.name}.json"
-                if not path.exists():
-                    evaluate_target(config, ckpt, path)
-                evals[label] = json.loads(path.read_text())
-            curriculum = json.loads((run_dir / "curriculum.json").read_text())
-            results[key] = {"method": method.name, "seed": seed, "run_dir": str(run_dir), "evals": evals,
-                            "phases": curriculum["phases"], "seconds": _recorded_seconds(run_dir, time.perf_counter() - tick, fresh, resumed)}
-            timings[key] = results[key]["seconds"]
-            for label, e in evals.items():
-                console.print(f"bench: {key} {label}: accuracy {e['overall']['accuracy']:.3f}, "
-                              f"{e['overall']['tokens_mean']:.1f} tokens ({timings[key]:.0f} s)")
+    for key, result, was_resumed in done:
+        results[key] = result
+        timings[key] = result["seconds"]
+        if was_resumed:
+            resumed.append(result["run_dir"])
 
-    # a resumed matrix reports the times its runs took when they ran, not this invocation's
+    # a resumed matrix reports the times its runs took when they ran (their sum: with workers > 1
+    # the wall clock was shorter), not this invocation's
     seconds = sum(timings.values()) if resumed else time.perf_counter() - t0
     summary = {"start": start_eval, "results": results, "rows": summarise(start_eval, results),
                "seconds": seconds, "resumed": resumed, "timings": timings, "command": command,
@@ -160,6 +151,43 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
     if benchmarks_md is not None:
         write_benchmarks_md(benchmarks_md, summary, figures)
     return summary
+
+
+def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path, start_eval_path: Path,
+                out: Path) -> tuple[str, dict[str, Any], bool]:
+    """Train one method with one seed from the start (unless its run is done) and evaluate it:
+    (key, result, whether the run was found done)."""
+    from taut.checkpoint import chosen_checkpoint
+    from taut.rl.trainer import train_rl
+    from taut.workflows import evaluate_target
+
+    key = f"{method.name}/seed{seed}"
+    run_dir = out / method.name / f"seed{seed}"
+    tick = time.perf_counter()
+    config = _run_config(bench, str(start_ckpt), bench.steps, seed, method)
+    fresh = not (run_dir / "curriculum.json").exists()
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        train_rl(config, run_dir, quiet=True)
+    (run_dir / "eval").mkdir(exist_ok=True)
+    shutil.copy(start_eval_path, run_dir / "eval" / "step-000000.json")   # step 0 is the start's weights
+    targets = ({label: run_dir / "checkpoints" / f"step-{step:06d}" for label, step in method.evaluate.items()}
+               if method.evaluate else {"final": chosen_checkpoint(run_dir)})
+    evals = {}
+    for label, ckpt in targets.items():
+        path = run_dir / "eval" / f"{ckpt.name}.json"
+        if not path.exists():
+            evaluate_target(config, ckpt, path)
+        evals[label] = json.loads(path.read_text())
+    curriculum = json.loads((run_dir / "curriculum.json").read_text())
+    resumed: list[str] = []
+    seconds = _recorded_seconds(run_dir, time.perf_counter() - tick, fresh, resumed)
+    result = {"method": method.name, "seed": seed, "run_dir": str(run_dir), "evals": evals,
+              "phases": curriculum["phases"], "seconds": seconds}
+    for label, e in evals.items():
+        console.print(f"bench: {key} {label}: accuracy {e['overall']['accuracy']:.3f}, "
+                      f"{e['overall']['tokens_mean']:.1f} tokens ({seconds:.0f} s)")
+    return key, result, bool(resumed)
 
 
 def _recorded_seconds(run_dir: Path, measured: float, fresh: bool, resumed: list[str]) -> float:

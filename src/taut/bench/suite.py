@@ -407,23 +407,23 @@ def pareto_curves(suite: Suite, rows: list[dict], start: dict, path: Path) -> Pa
 
 
 def level_bars(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path | None:
-    """The search domain per level: accuracy and tokens of the start, and of each family at its
-    middle strength (mean over seeds), as grouped bars."""
+    """The search domain per level, accuracy and tokens as grouped bars: the start, the single-point
+    families (the control), and every strength of the families the suite compares pairwise
+    (gate on and gate off), mean over seeds."""
     from matplotlib.figure import Figure
 
     from taut.report.figures import run_colors
 
     by_name = {r["method"]: r for r in rows}
-    picks = [("start", start)]
-    for curve in suite.curves:
-        present = [n for n, _ in curve.points if n in by_name]
-        if present:
-            name = present[len(present) // 2]
-            picks.append((name, by_name[name]))
+    curves = {c.family: c for c in suite.curves}
+    compared = [f for pair in suite.compare for f in pair if f in curves and curves[f].param]
+    shown = [c.points[0][0] for c in suite.curves if c.param is None and c.family not in {f for p in suite.compare for f in p}][:1]
+    shown += [name for family in dict.fromkeys(compared) for name, _ in curves[family].points]
+    picks = [("start", start)] + [(name, by_name[name]) for name in shown if name in by_name]
     levels = sorted({lv for _, r in picks for lv in r.get("search_levels", {})}, key=int)
-    if not levels:
+    if not levels or len(picks) < 2:
         return None
-    fig = Figure(figsize=(8.0, 5.0), layout="constrained")
+    fig = Figure(figsize=(8.0, 5.6), layout="constrained")
     axes = fig.subplots(2, 1, sharex=True)
     width = 0.8 / len(picks)
     colors = ["0.4"] + run_colors(len(picks) - 1)
@@ -432,12 +432,12 @@ def level_bars(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path 
             values = [row["search_levels"].get(lv, {}).get(key) for lv in levels]
             xs = [j + (i - (len(picks) - 1) / 2) * width for j in range(len(levels))]
             ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
-                   color=color, label=name)
+                   color=color, label=name, hatch="//" if "off" in name else None, edgecolor="white", linewidth=0.3)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[1].set_xticks(range(len(levels)), [f"level {lv}" for lv in levels])
-    axes[0].set_title("search domain, per level (each family at its middle strength)", fontsize=9)
-    axes[0].legend(fontsize=6, ncol=3)
+    axes[0].set_title("search domain, per level", fontsize=9)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     return path
@@ -472,7 +472,7 @@ def design_lines(suite: Suite) -> list[str]:
     seeds = {m.name: m.seeds for m in bench.methods}
     runs = sum(len(s) for s in seeds.values())
     lines = [
-        f"Recipe `{suite.path}`, starting from `{bench.model}`" + (f", built by `{suite.prepare}`." if suite.prepare else "."),
+        f"Recipe `recipes/{suite.path.name}`, starting from `{bench.model}`" + (f", built by `{suite.prepare}`." if suite.prepare else "."),
         f"{bench.start_steps} accuracy-RL steps make the shared start; then {bench.steps} RL steps per method of "
         f"{bench.rl.prompts_per_step} prompts × {bench.rl.group_size} rollouts",
         f"(dynamic sampling {'on' if bench.rl.dynamic_sampling else 'off'}), training on {', '.join(map(str, bench.train))}; "
@@ -587,5 +587,6 @@ def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any
     if figure is not None:
         lines += ["", "**Accuracy against tokens, each family over its strengths**", "", f"![{suite.name} Pareto curves]({figure})"]
     if bars is not None:
-        lines += ["", "**The search domain per level**", "", f"![{suite.name} search domain per level]({bars})"]
+        lines += ["", "**The search domain per level**: the start, the control and every strength of the families compared "
+                  "pairwise above", "", f"![{suite.name} search domain per level]({bars})"]
     return "\n".join(lines)
