@@ -1,6 +1,7 @@
 """Length strategies: exact values of every formula on hand-computed groups, the registry, the CLI
 listing, grouping rules, the mastery-gated memory and dynamic sampling after shaping."""
 
+import dataclasses
 import json
 import math
 
@@ -276,6 +277,23 @@ def test_mastery_mixed_batch_with_tau_slack_and_cap():
     assert out.metrics["penalised_frac"] == pytest.approx(2 / 12)
     assert out.metrics["penalty_mean"] == pytest.approx(0.2)
     assert out.metrics["safe_len_mean"] == 15.0
+
+
+def test_mastery_keeps_partial_credit_where_it_does_not_penalise():
+    """A grader's partial credit (reasoning-gym scores a wrong answer that contains the right one
+    with len(right) / len(answer)) is the base reward, as for every other strategy: the gate and the
+    penalty act on correct rollouts only, and a partially right answer keeps its score."""
+    closed = groups([[1, 0, 0, 0]], [[20, 5, 6, 7]])
+    closed = dataclasses.replace(closed, scores=torch.tensor([[1.0, 0.5, 0.0, 0.25]]))
+    out = shape(MasteryGatedConfig(), closed)
+    close(out.rewards, [[1.0, 0.5, 0.0, 0.25]])
+    assert out.metrics["penalised_frac"] == 0.0                     # nothing was penalised
+    gated = groups([[1, 1, 1, 0]], [[10, 12, 20, 4]])
+    gated = dataclasses.replace(gated, scores=torch.tensor([[1.0, 1.0, 1.0, 0.5]]))
+    out = shape(MasteryGatedConfig(tau=0.75), gated)
+    close(out.rewards, [[1.0, 0.8, 0.5, 0.5]])                      # the wrong rollout keeps its 0.5
+    for config in (MasteryGatedConfig(gate=False), NoneConfig()):   # the ablation and the control agree
+        assert shape(config, closed).rewards[0, 1] == 0.5
 
 
 def test_mastery_correct_always_scores_above_wrong():

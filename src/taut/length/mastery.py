@@ -13,7 +13,8 @@ For a group of G rollouts of one prompt with correctness c_i and lengths ℓ_i:
     gate           open  iff  p ≥ τ                        (default τ = 1: every rollout correct)
     safe length    s = (1 + slack) · min(shortest correct ℓ in the group, best seen for the prompt*)
     excess         e_i = (ℓ_i − s) / s
-    reward         r_i = c_i − 1[gate] · c_i · 1[ℓ_i > s] · min(P_max, α · e_i)
+    reward         r_i = b_i − 1[gate] · c_i · 1[ℓ_i > s] · min(P_max, α · e_i)
+                   (b_i: the base reward, c_i or a grader's partial credit, as every strategy)
 
 (* only with `use_best_seen`; the best is the shortest correct length seen for this prompt in
 any earlier batch, kept in checkpoints through `state_dict`.)
@@ -73,11 +74,15 @@ def mastery_gated_rewards(
     max_penalty: float,
     best_seen: Tensor | None = None,   # [P] float, inf where nothing seen
     gated: bool = True,
+    base: Tensor | None = None,        # [P, G] the unshaped reward (a grader's partial credit); default: correctness
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Shaped rewards [P, G] and the per-group gate and safe length (pure function).
 
-    With `gated=False` the gate is open on every group; nothing else changes."""
+    The penalty applies to correct rollouts only; every other rollout keeps its base reward (a
+    partially right answer keeps its partial credit). With `gated=False` the gate is open on
+    every group; nothing else changes."""
     c = correct.float()
+    base = c if base is None else base
     length = lengths.float()
     mastered = c.mean(dim=1) >= tau - 1e-9                                        # [P]
     gate = mastered if gated else torch.ones_like(mastered)
@@ -90,7 +95,7 @@ def mastery_gated_rewards(
     penalised = gate.unsqueeze(1) & correct & (length > safe_g)                   # [P, G]
     excess = torch.where(penalised, (length - safe_g) / safe_g, torch.zeros_like(length))
     penalty = (alpha * excess).clamp(max=max_penalty)                             # 0 where not penalised
-    return c - penalty, {"gate": gate, "safe": safe}
+    return base - penalty, {"gate": gate, "safe": safe}
 
 
 class MasteryGated(Strategy):
@@ -110,7 +115,7 @@ class MasteryGated(Strategy):
             best = torch.tensor([float(self.best_seen.get(pid, float("inf"))) for pid in batch.prompt_ids])
         rewards, parts = mastery_gated_rewards(
             batch.correct, batch.lengths, tau=cfg.tau, slack=cfg.slack, alpha=cfg.alpha,
-            max_penalty=cfg.max_penalty, best_seen=best, gated=cfg.gate,
+            max_penalty=cfg.max_penalty, best_seen=best, gated=cfg.gate, base=correctness(batch),
         )
         self._remember(batch)
         gate, safe = parts["gate"], parts["safe"]
