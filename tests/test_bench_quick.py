@@ -26,13 +26,19 @@ def test_bench_quick_runs_every_method_and_reports(tmp_path):
 def test_a_resumed_matrix_reports_the_times_its_runs_took_when_they_ran(tmp_path):
     from taut.bench.matrix import _recorded_seconds
 
-    resumed: list[str] = []
-    assert _recorded_seconds(tmp_path, 120.0, True, resumed) == 120.0 and resumed == []     # trained now: recorded
-    assert _recorded_seconds(tmp_path, 0.3, False, resumed) == 120.0                        # found done: as it ran
-    assert resumed == [str(tmp_path)]
+    assert _recorded_seconds(tmp_path, 120.0, True) == (120.0, False)     # trained now: recorded
+    assert _recorded_seconds(tmp_path, 0.3, False) == (120.0, True)      # found done: the time it took then
     older = tmp_path / "older"
     older.mkdir()
-    assert _recorded_seconds(older, 0.3, False, resumed) == 0.3 and resumed[-1] == str(older)   # no record: flagged
+    assert _recorded_seconds(older, 0.3, False) == (0.3, True)           # no record: this invocation's, flagged
+
+
+def test_the_timing_note_says_how_a_resumed_matrix_was_timed():
+    from taut.bench.matrix import timing_note
+
+    assert timing_note({"timed": "wall", "resumed": []}) == ""
+    assert "recorded when it ran" in timing_note({"timed": "record", "resumed": ["a", "b"]})
+    assert "sum of its runs' recorded times; 1 found done" in timing_note({"timed": "sum", "resumed": ["a"]})
 
 
 @pytest.mark.slow
@@ -51,3 +57,7 @@ def test_workers_run_methods_in_parallel_with_the_same_results(tmp_path):
     for key in one["results"]:
         a, b = one["results"][key]["evals"]["final"], two["results"][key]["evals"]["final"]
         assert a["overall"] == b["overall"] and a["by_cell"] == b["by_cell"]
+    # run again, everything is found done: the time is the wall clock recorded the first time
+    again = run_bench(BenchConfig.model_validate({**spec, "workers": 2}), tmp_path / "two", None, "two")
+    assert two["timed"] == "wall" and again["timed"] == "record" and again["seconds"] == two["seconds"]
+    assert len(again["resumed"]) == 3

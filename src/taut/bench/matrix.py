@@ -120,7 +120,9 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
     if not start_eval_path.exists():
         evaluate_target(start_cfg, start_ckpt, start_eval_path)
     start_eval = json.loads(start_eval_path.read_text())
-    timings["start"] = _recorded_seconds(start_dir, time.perf_counter() - tick, fresh, resumed)
+    timings["start"], found_done = _recorded_seconds(start_dir, time.perf_counter() - tick, fresh)
+    if found_done:
+        resumed.append(str(start_dir))
     console.print(f"bench: start {start_ckpt} — accuracy {start_eval['overall']['accuracy']:.3f}, "
                   f"{start_eval['overall']['tokens_mean']:.1f} tokens ({timings['start']:.0f} s)")
 
@@ -140,11 +142,17 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
         if was_resumed:
             resumed.append(result["run_dir"])
 
-    # a resumed matrix reports the times its runs took when they ran (their sum: with workers > 1
-    # the wall clock was shorter), not this invocation's
-    seconds = sum(timings.values()) if resumed else time.perf_counter() - t0
+    # the matrix's wall clock, recorded when every run trained in this invocation; a matrix found
+    # complete reports that record, a partly resumed one the sum of its runs' recorded times
+    # (longer than the wall clock was when workers > 1)
+    if not resumed:
+        seconds, timed = _recorded_seconds(out, time.perf_counter() - t0, True)[0], "wall"
+    elif len(resumed) == 1 + len(jobs) and (out / "bench-seconds.json").exists():
+        seconds, timed = _recorded_seconds(out, 0.0, False)[0], "record"
+    else:
+        seconds, timed = sum(timings.values()), "sum"
     summary = {"start": start_eval, "results": results, "rows": summarise(start_eval, results),
-               "seconds": seconds, "resumed": resumed, "timings": timings, "command": command,
+               "seconds": seconds, "timed": timed, "resumed": resumed, "timings": timings, "command": command,
                "config": bench.model_dump(mode="json")}
     (out / "bench.json").write_text(json.dumps(finite(summary), indent=1))
     figures = _figures(out, results)
@@ -180,29 +188,33 @@ def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path,
             evaluate_target(config, ckpt, path)
         evals[label] = json.loads(path.read_text())
     curriculum = json.loads((run_dir / "curriculum.json").read_text())
-    resumed: list[str] = []
-    seconds = _recorded_seconds(run_dir, time.perf_counter() - tick, fresh, resumed)
+    seconds, found_done = _recorded_seconds(run_dir, time.perf_counter() - tick, fresh)
     result = {"method": method.name, "seed": seed, "run_dir": str(run_dir), "evals": evals,
               "phases": curriculum["phases"], "seconds": seconds}
     for label, e in evals.items():
         console.print(f"bench: {key} {label}: accuracy {e['overall']['accuracy']:.3f}, "
                       f"{e['overall']['tokens_mean']:.1f} tokens ({seconds:.0f} s)")
-    return key, result, bool(resumed)
+    return key, result, found_done
 
 
-def _recorded_seconds(run_dir: Path, measured: float, fresh: bool, resumed: list[str]) -> float:
-    """The time a run (training and evaluation) took when it ran. A run trained by this invocation
-    records its measured time in its directory; a run found done reports the time recorded then
-    (or, from before records were kept, this invocation's time) and is listed in `resumed`."""
+def timing_note(summary: dict[str, Any]) -> str:
+    """How a resumed matrix's time was obtained (empty when it ran in one invocation)."""
+    if summary.get("timed") == "record":
+        return " (recorded when it ran; every run found done on resuming)"
+    if summary.get("resumed"):
+        return f" (the sum of its runs' recorded times; {len(summary['resumed'])} found done on resuming)"
+    return ""
+
+
+def _recorded_seconds(run_dir: Path, measured: float, fresh: bool) -> tuple[float, bool]:
+    """The time a run (training and evaluation) took when it ran, and whether this invocation found
+    it done. A run trained now records its measured time in its directory; a run found done reports
+    the time recorded then (or, from before records were kept, this invocation's time)."""
     record = Path(run_dir) / "bench-seconds.json"
-    if fresh or not record.exists():
-        if fresh:
-            record.write_text(json.dumps({"seconds": measured}))
-        else:
-            resumed.append(str(run_dir))
-        return measured
-    resumed.append(str(run_dir))
-    return json.loads(record.read_text())["seconds"]
+    if fresh:
+        record.write_text(json.dumps({"seconds": measured}))
+        return measured, False
+    return (json.loads(record.read_text())["seconds"] if record.exists() else measured), True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +337,7 @@ def write_benchmarks_md(path: Path, summary: dict[str, Any], figures: dict[str, 
         "```",
         "",
         f"Full run: {summary['seconds'] / 60:.1f} minutes on this machine"
-        + (f" (the sum of its runs' recorded times; {len(summary['resumed'])} found done on resuming)" if summary.get("resumed") else "")
+        + timing_note(summary)
         + f". Settings: {summary['config']['start_steps']} accuracy-RL steps",
         f"for the start, then {summary['config']['steps']} RL steps per method of {summary['config']['rl']['prompts_per_step']} prompts ×",
         f"{summary['config']['rl']['group_size']} rollouts (dynamic sampling off, so every method gets the same rollouts),",

@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from taut.bench.matrix import BenchConfig
+from taut.bench.matrix import BenchConfig, timing_note
 from taut.builtin_recipes import RECIPES
 from taut.config import ConfigError
 
@@ -416,10 +416,11 @@ def level_bars(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path 
 
     by_name = {r["method"]: r for r in rows}
     curves = {c.family: c for c in suite.curves}
-    compared = [f for pair in suite.compare for f in pair if f in curves and curves[f].param]
-    shown = [c.points[0][0] for c in suite.curves if c.param is None and c.family not in {f for p in suite.compare for f in p}][:1]
-    shown += [name for family in dict.fromkeys(compared) for name, _ in curves[family].points]
-    picks = [("start", start)] + [(name, by_name[name]) for name in shown if name in by_name]
+    paired = [(a, b) for a, b in suite.compare if a in curves and b in curves and curves[a].param]
+    control = [c.points[0][0] for c in suite.curves if c.param is None and c.family not in {f for pair in paired for f in pair}]
+    shown = control[:1] + [name for pair in paired for family in pair for name, _ in curves[family].points]
+    hatched = {name for _, b in paired for name, _ in curves[b].points}          # the b side of each pair
+    picks = [("start", start)] + [(name, by_name[name]) for name in dict.fromkeys(shown) if name in by_name]
     levels = sorted({lv for _, r in picks for lv in r.get("search_levels", {})}, key=int)
     if not levels or len(picks) < 2:
         return None
@@ -432,7 +433,7 @@ def level_bars(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path 
             values = [row["search_levels"].get(lv, {}).get(key) for lv in levels]
             xs = [j + (i - (len(picks) - 1) / 2) * width for j in range(len(levels))]
             ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
-                   color=color, label=name, hatch="//" if "off" in name else None, edgecolor="white", linewidth=0.3)
+                   color=color, label=name, hatch="//" if name in hatched else None, edgecolor="white", linewidth=0.3)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[1].set_xticks(range(len(levels)), [f"level {lv}" for lv in levels])
@@ -523,9 +524,7 @@ def _seeds(values: list[float | None], digits: int = 3) -> str:
 def results_section(suite: Suite, summary: dict[str, Any], tables: dict[str, Any], figure: Path | None,
                     bars: Path | None = None) -> str:
     start, rows = tables["start"], sorted(tables["rows"], key=lambda r: r["method"])
-    took = f"Ran in {summary['seconds'] / 60:.1f} minutes on this machine"
-    if summary.get("resumed"):
-        took += f" (the sum of the times its runs recorded when they ran; {len(summary['resumed'])} found done on resuming)"
+    took = f"Ran in {summary['seconds'] / 60:.1f} minutes on this machine{timing_note(summary)}"
     lines = [
         f"## {suite.title}",
         "",

@@ -50,7 +50,7 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
     anything to learn (see `Objective.informative`).
     """
     G, P = cfg.group_size, cfg.prompts_per_step
-    out = RolloutBatch()
+    out = RolloutBatch(rollout_logp=[] if cfg.records_rollout_logprobs else None)
     params = SamplingParams(max_new_tokens=cap, temperature=cfg.temperature, top_p=cfg.top_p,
                             min_new_tokens=min(cfg.min_new_tokens, cap), logprobs=cfg.records_rollout_logprobs)
     while out.rounds < cfg.max_sampling_rounds and len(out.rewards) < P:
@@ -103,8 +103,8 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
             out.rewards.append(shaped.rewards[g])
             out.prompts += [prompt_ids[g]] * G
             out.responses += rollouts.tokens[g * G : (g + 1) * G]
-            if rollouts.logprobs is not None:
-                out.rollout_logp = (out.rollout_logp or []) + rollouts.logprobs[g * G : (g + 1) * G]
+            if out.rollout_logp is not None:
+                out.rollout_logp += rollouts.logprobs[g * G : (g + 1) * G]
         if not cfg.dynamic_sampling:
             break
     return out

@@ -19,29 +19,28 @@ from taut.rollout import Rollouts, SamplingParams, fast
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Next tokens [R] from logits [R, V]: greedy at temperature 0, else (nucleus) sampling."""
+    return sample(logits, params, generator, with_logprobs=False)[0]
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+           with_logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Next tokens [R], and (at temperature > 0, when asked) each drawn token's log-prob under the
+    distribution it was drawn from: softmax(logits / T), cut to the nucleus when top_p < 1."""
     if params.temperature == 0:
-        return logits.argmax(dim=-1)
-    return draw(sampling_probs(logits, params), generator)
-
-
-def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution [R, V] sampled from at temperature > 0: softmax(logits / T), cut to the
-    nucleus when top_p < 1 (then unnormalised: `draw` scales by the row's total)."""
+        return logits.argmax(dim=-1), None
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p   # keep the first token always
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return probs
-
-
-def drawn_logprobs(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
-    """log-prob [R] of the drawn tokens under the distribution `probs` [R, V] they were drawn from."""
+    tokens = draw(probs, generator)
+    if not with_logprobs:
+        return tokens, None
     picked = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    if top_p < 1.0:
+    if params.top_p < 1.0:                               # the nucleus is unnormalised: `draw` scales by its total
         picked = picked / probs.sum(dim=-1)
-    return picked.log()
+    return tokens, picked.log()
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -81,15 +80,15 @@ class HFEngine:
 
     def generate(self, prompts, n, params, generator=None, response_prefix=None, ban_first=None) -> Rollouts:
         per_chunk = max(1, self.max_rows // n)
-        out = Rollouts([], [], [])
+        out = Rollouts([], [], [], [] if params.logprobs and params.temperature > 0 else None)
         for start in range(0, len(prompts), per_chunk):
             with self.autocast():
                 chunk = self._generate(prompts[start : start + per_chunk], n, params, generator, response_prefix or [], ban_first)
             out.prompt_index += [start + i for i in chunk.prompt_index]
             out.tokens += chunk.tokens
             out.truncated += chunk.truncated
-            if chunk.logprobs is not None:
-                out.logprobs = (out.logprobs or []) + chunk.logprobs
+            if out.logprobs is not None:
+                out.logprobs += chunk.logprobs
         return out
 
     @torch.inference_mode()
@@ -132,15 +131,11 @@ class HFEngine:
                 if t < params.min_new_tokens:
                     logits[:, self.eos_id] = float("-inf")
                 live = ~ended[active]                           # [A] positions still writing
-                if params.temperature == 0:
-                    nxt = logits.argmax(dim=-1)                  # [A]
-                else:
-                    probs = sampling_probs(logits, params)       # [A, V] as modified above (<eos>, first tokens)
-                    nxt = draw(probs, generator)
+                nxt, nxt_logp = sample(logits, params, generator, record)   # [A]; logits as modified above
                 rows_live = active[live]
                 tokens[rows_live, t] = nxt[live]
                 if record:
-                    logprobs[rows_live, t] = drawn_logprobs(probs, nxt, params.top_p)[live]
+                    logprobs[rows_live, t] = nxt_logp[live]
                 length[rows_live] += 1
                 ended[rows_live] |= nxt[live] == self.eos_id
                 if t == params.max_new_tokens - 1 or bool(ended.all()):
