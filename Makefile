@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real
+.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,3 +68,9 @@ bench-speed: $(STAMP)
 
 bench-speed-real: $(STAMP)
 	$(BIN)/taut bench speed --vs trl --real --out runs/bench-speed-real.json
+
+# The overthinking study on SmolLM2-135M-Instruct (docs/real-models.md): the four recipes
+# recipes/real/smollm2-arith-*.yaml trained, evaluated sampled and greedy, compared; the table in
+# runs/arith/study.md. Done steps are skipped, so a second call only redraws.
+study-arith: $(STAMP)
+	$(BIN)/python scripts/arith_study.py --out runs/arith

@@ -40,6 +40,18 @@ def test_overrides_reach_nested_keys_and_parse_values():
     assert config.model.path == "/some/dir" and config.model.preset is None
 
 
+def test_overrides_index_lists_the_recipe_has(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("phases:\n  - {name: accuracy, steps: 12}\n  - {name: compression, steps: 12, "
+                      "strategy: {name: mastery-gated, alpha: 1.0}}\n")
+    config = load_config(recipe, ["phases.1.steps=2", "phases.1.strategy.alpha=0.5", "phases.0.steps=1"])
+    assert [p.steps for p in config.phases] == [1, 2]
+    assert config.phases[1].strategy.alpha == 0.5 and config.phases[1].strategy.name == "mastery-gated"
+    for bad in ("phases.2.steps=1", "phases.x.steps=1"):
+        with pytest.raises(ConfigError, match=r"phases is a list of 2; expected an index 0–1"):
+            load_config(recipe, [bad])
+
+
 def test_model_shorthand_refined_by_a_nested_override():
     config = load_config(None, ["model=/some/dir", "model.dtype=float32"])
     assert config.model.path == "/some/dir" and config.model.dtype == "float32"

@@ -401,18 +401,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), model
         raise ConfigError(_explain(err, model, source, lines, raw, overridden)) from None
 
 
-def apply_override(raw: dict, item: str) -> tuple[str, ...]:
-    """Apply one `key.path=value` override in place; the value is parsed as YAML. Returns the key path."""
+def apply_override(raw: dict, item: str) -> tuple[str | int, ...]:
+    """Apply one `key.path=value` override in place; the value is parsed as YAML. A number in the
+    path indexes a list the recipe already has (`phases.1.steps=2`). Returns the key path."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {item!r}: expected key.path=value")
-    parts = key.strip().split(".")
-    node = raw
-    for part in parts[:-1]:
-        child = node.get(part)
+    parts: list[str | int] = key.strip().split(".")
+    node: dict | list = raw
+    for i, part in enumerate(parts):
+        if isinstance(node, list):
+            if not (part.isdigit() and int(part) < len(node)):
+                where = ".".join(map(str, parts[:i]))
+                raise ConfigError(f"--set {item!r}: {where} is a list of {len(node)}; "
+                                  f"expected an index 0–{len(node) - 1} after it, got {part!r}")
+            parts[i] = part = int(part)
+        if i == len(parts) - 1:
+            break
+        child = node[part] if isinstance(node, list) else node.get(part)
         if isinstance(child, str):
             child = {"path": child}     # the `model: PATH` shorthand, refined by `model.dtype=…`
-        elif not isinstance(child, dict):
+        elif not isinstance(child, (dict, list)):
             child = {}
         node[part] = child
         node = child

