@@ -125,19 +125,23 @@ def cells(report: dict) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    """The results table (accuracy / mean tokens per task and level), then each run's training time."""
     head = ("| checkpoint | decoding | training task (L1 + L2) | " + " | ".join(name for _, name in TASKS)
-            + " | cut at the cap | training time |")
-    lines = [head, "|" + "---|" * (len(TASKS) + 5)]
+            + " | cut at the cap |")
+    lines = [head, "|" + "---|" * (len(TASKS) + 4)]
+    times = {}
     for row in rows:
         c = row["cells"]
         values = [f"{c[k]['accuracy']:.3f} / {c[k]['tokens']:.1f}" if k in c else "–" for k in ("trained", *dict(TASKS))]
         cut = ", ".join(f"{c[k]['cut']:.0%}" for k, _ in TASKS if k in c)
-        t = row.get("train") or {}
-        minutes = "; ".join(filter(None, [f"{t['wall'] / 60:.0f} min wall, {t['cpu'] / 60:.0f} min CPU" if t.get("wall") else "",
-                                          t.get("note", "")]))
-        lines.append(f"| {row['name']} ({row['checkpoint']}) | {row['decoding']} | " + " | ".join(values)
-                     + f" | {cut} | {minutes} |")
-    return "\n".join(lines) + "\n\nCells: accuracy / mean response tokens on the test split.\n"
+        lines.append(f"| {row['name']} ({row['checkpoint']}) | {row['decoding']} | " + " | ".join(values) + f" | {cut} |")
+        if row.get("train"):
+            times[row["name"]] = row["train"]
+    lines += ["", "Cells: accuracy / mean response tokens on the test split.", "", "Training time:"]
+    for name, t in times.items():
+        measured = f"{t['wall'] / 60:.0f} min wall, {t['cpu'] / 60:.0f} min CPU" if t.get("wall") else "not recorded"
+        lines.append(f"- {name}: {measured}" + (f" ({t['note']})" if t.get("note") else ""))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,6 +53,7 @@ def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsy
     assert (out / "report" / "report.html").exists()
     table = (out / "study.md").read_text()
     assert table.count("\n| ") == 2 * (1 + len(study.METHODS)) and "products (unseen)" in table
+    assert all(f"- {method}: " in table and " min CPU" in table for method in study.METHODS)
 
     # a second call trains and evaluates nothing: every command it would run is already done
     capsys.readouterr()
