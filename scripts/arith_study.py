@@ -3,9 +3,9 @@
 For each method (recipes/real/smollm2-arith-{control,siri,mastery,dapo}.yaml): train it (or
 resume it, or skip it when it is done), evaluate the checkpoint the run stands for on the test
 split, sampled (the recipe's eval: T 0.7, 4 samples) and greedy; evaluate the start once the same
-two ways (its files copied into every run); draw every run with `taut compare`; write the table (OUT/study.md, OUT/study.json):
-accuracy, mean tokens and the share cut at the cap per task and level, and each method's
-training time (wall and CPU).
+two ways (its files copied into every run); draw every run with `taut compare`; write the table
+(OUT/study.md, OUT/study.json): accuracy, mean tokens and the share cut at the cap per task and
+level, and each method's training time (wall and CPU).
 
 Every step is a `taut` command, printed before it runs, so that any of them can be rerun by
 hand. `--smoke` shrinks everything (2 steps of 2 × 2 rollouts of 16 tokens, 2 problems per level)
@@ -48,12 +48,19 @@ def recipe(method: str) -> Path:
     return ROOT / "recipes" / "real" / f"smollm2-arith-{method}.yaml"
 
 
+class StepFailed(Exception):
+    """A taut command of the study exited with an error (its own message is above it)."""
+
+
 def taut(*args: str) -> float:
     """Run one taut command (printed first); its wall seconds. A failure stops the study."""
     command = [str(Path(sys.executable).parent / "taut"), *args]
-    print("$", " ".join(shlex.quote(a) for a in command), flush=True)
+    shown = " ".join(shlex.quote(a) for a in command)
+    print("$", shown, flush=True)
     tick = time.perf_counter()
-    subprocess.run(command, check=True)
+    if (code := subprocess.run(command).returncode) != 0:
+        raise StepFailed(f"the study stopped: exit status {code} from\n  {shown}\n"
+                         f"fix the cause and run the study again: done steps are skipped, a cut run resumes")
     return time.perf_counter() - tick
 
 
@@ -144,11 +151,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of threads ≥ 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/arith"))
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of " + ", ".join(METHODS))
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per command (default: all cores)")
+    parser.add_argument("--threads", type=positive, default=None, help="torch threads per command (default: all cores)")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a tiny sample: checks the pipeline")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -184,4 +197,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except StepFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
