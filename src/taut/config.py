@@ -413,6 +413,8 @@ def apply_override(raw: dict, item: str) -> tuple[str | int, ...]:
         if isinstance(node, list):
             if not (part.isdigit() and int(part) < len(node)):
                 where = ".".join(map(str, parts[:i]))
+                if not node:
+                    raise ConfigError(f"--set {item!r}: {where} is an empty list in the recipe: nothing to index")
                 raise ConfigError(f"--set {item!r}: {where} is a list of {len(node)}; "
                                   f"expected an index 0–{len(node) - 1} after it, got {part!r}")
             parts[i] = part = int(part)
