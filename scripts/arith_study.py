@@ -88,19 +88,15 @@ def train(method: str, run: Path, overrides: list[str]) -> dict:
     return times
 
 
-def evaluate(run: Path, decoding: str, overrides: list[str], start: Path | None = None) -> dict:
-    """Evaluate the checkpoint a run stands for (or its start) one way, unless done: sampled
-    evaluations go to RUN/eval/ (what `taut compare` reads), greedy ones to RUN/eval-greedy/."""
-    extra = GREEDY if decoding == "greedy" else []
+def evaluate(run: Path, decoding: str, overrides: list[str], start: bool = False) -> dict:
+    """Evaluate the checkpoint a run stands for (or, with `start`, its step 0) one way, unless done:
+    sampled evaluations go to RUN/eval/ (what `taut compare` reads), greedy ones to RUN/eval-greedy/."""
     folder = run / ("eval-greedy" if decoding == "greedy" else "eval")
-    if start is not None:
-        out = folder / "step-000000.json"
-        if not out.exists():
-            taut("eval", str(start), "--config", str(run / "config.yaml"), *sets(overrides + extra), "--out", str(out))
-        return json.loads(out.read_text())
-    out = folder / f"{chosen_checkpoint(run).name}.json"     # step 0's when the run chose its start
+    checkpoint = run / "checkpoints" / "step-000000" if start else chosen_checkpoint(run)
+    out = folder / f"{checkpoint.name}.json"          # a run that chose its start shares the start's file
     if not out.exists():
-        taut("eval", str(run), *sets(overrides + extra), "--out", str(out))
+        taut("eval", str(checkpoint), "--config", str(run / "config.yaml"),
+             *sets(overrides + (GREEDY if decoding == "greedy" else [])), "--out", str(out))
     return json.loads(out.read_text())
 
 
@@ -116,18 +112,12 @@ def share_start(source: Path, run: Path) -> None:
 
 
 def cells(report: dict) -> dict:
-    """Accuracy, mean tokens and share cut at the cap for each task and level of one evaluation."""
-    out = {}
-    for key, _ in TASKS:
-        cell = report["by_cell"].get(key)
-        if cell:
-            out[key] = {"accuracy": cell["accuracy"], "tokens": cell["tokens_mean"], "cut": cell["truncation_rate"],
-                        "n": cell["n_problems"]}
-    train_cells = [report["by_cell"][k] for k, _ in TASKS[:2] if k in report["by_cell"]]
-    n = sum(c["n_samples"] for c in train_cells)
-    if n:
-        out["trained"] = {"accuracy": sum(c["accuracy"] * c["n_samples"] for c in train_cells) / n,
-                          "tokens": sum(c["tokens_mean"] * c["n_samples"] for c in train_cells) / n}
+    """Accuracy, mean tokens and share cut at the cap for each task and level of one evaluation,
+    and for the training task as a whole (the evaluation's in-domain summary)."""
+    out = {key: {"accuracy": c["accuracy"], "tokens": c["tokens_mean"], "cut": c["truncation_rate"], "n": c["n_problems"]}
+           for key, _ in TASKS if (c := report["by_cell"].get(key))}
+    if report.get("in_domain"):
+        out["trained"] = {"accuracy": report["in_domain"]["accuracy"], "tokens": report["in_domain"]["tokens_mean"]}
     return out
 
 
@@ -179,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                   runs[methods[0]])
     rows = []
     for decoding in ("sampled", "greedy"):
-        report = evaluate(source, decoding, common, start=source / "checkpoints" / "step-000000")
+        report = evaluate(source, decoding, common, start=True)
         rows.append({"name": "start", "checkpoint": "step 0", "decoding": decoding, "cells": cells(report)})
     for method, run in runs.items():
         share_start(source, run)
@@ -190,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     taut("compare", *map(str, runs.values()), "--out", str(args.out / "report"), *[a for m in methods for a in ("--label", m)])
     rows.sort(key=lambda r: (r["decoding"] != "greedy", r["name"] != "start"))
     (args.out / "study.json").write_text(json.dumps({"smoke": args.smoke, "rows": rows}, indent=1))
-    (args.out / "study.md").write_text(table(rows))
-    print(table(rows))
+    text = table(rows)
+    (args.out / "study.md").write_text(text)
+    print(text)
     print(f"table: {args.out / 'study.md'}; report: {args.out / 'report'}")
     return 0
 
