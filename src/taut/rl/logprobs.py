@@ -44,31 +44,72 @@ class SequenceBatch:
                    torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device), sampled)
 
 
+# Architectures whose logits are exactly lm_head(decoder hidden state): no soft-capping, no logit
+# scale. For them the head can run on the response positions only.
+HEAD_ON_HIDDEN = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def _decoder_and_head(model):
+    """(decoder, lm_head) when logits are lm_head(decoder(input_ids).last_hidden_state) and the
+    vocabulary is wider than the hidden state (so gathering hidden states moves less than gathering
+    logits), else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model    # through a LoRA wrapper
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in HEAD_ON_HIDDEN or config.vocab_size <= config.hidden_size:
+        return None
+    decoder, head = getattr(base, "model", None), getattr(base, "lm_head", None)
+    if decoder is None or head is None:
+        return None
+    return decoder, head
+
+
+def response_logits(model, batch: SequenceBatch) -> Tensor:
+    """The logits that predict each response token, [N, Tr, V] (padding columns repeat a real one).
+
+    Where the architecture allows it and the vocabulary is the wider (any real tokenizer), the
+    decoder's hidden states are gathered at the response positions and the LM head runs on those
+    alone: no logits for prompt tokens past the shortest prompt, and no gather over the vocabulary.
+    Otherwise (the testbed's 37-token vocabulary) the model computes logits from the shortest
+    prompt's last position on and the response rows are gathered. Both give the same values; the
+    gradients agree to rounding.
+    """
+    first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
+    width = batch.input_ids.shape[1]
+    cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        decoder, head = parts
+        hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
+        index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
+        picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))        # [N, Tr, H]
+        return head(picked)
+    keep = width - first
+    logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits       # [N, keep, V]
+    index = ((batch.prompt_lens - 1 - first).unsqueeze(1) + cols).clamp(max=keep - 1)            # [N, Tr]
+    return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+
 def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
-                      temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
+                      temperature: float = 1.0, entropy_grad: bool = True) -> tuple[Tensor, Tensor | None]:
     """log π(y_t | prompt, y_<t) for every response token, [N, Tr]; entropy of each step if asked.
 
     π is the distribution the rollouts were sampled from: softmax(logits / temperature), as the
     engine samples (TRL and verl scale the same way). Training at temperature 1 on rollouts
     sampled at T ≠ 1 would optimise another policy than the one that produced the data.
     Right padding needs no attention mask under causal attention: real tokens never attend to
-    the padding after them. Logits are computed only from the shortest prompt's last position on.
+    the padding after them. With `entropy_grad=False` the entropy is a metric: computed without
+    autograd, so its vocabulary-wide softmax is freed at once instead of kept for a backward.
     """
-    first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
-    keep = batch.input_ids.shape[1] - first
-    logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits       # [N, keep, V]
-    offsets = (batch.prompt_lens - 1 - first).unsqueeze(1)                       # [N, 1]
-    cols = torch.arange(batch.response_ids.shape[1], device=logits.device).unsqueeze(0)
-    index = (offsets + cols).clamp(max=keep - 1)                                  # [N, Tr]
-    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()   # [N, Tr, V]
+    picked = response_logits(model, batch).float()                              # [N, Tr, V]
     if temperature != 1.0:
         picked = picked / temperature
     logz = picked.logsumexp(dim=-1)                                               # [N, Tr]
     logp = picked.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logz
     entropy = None
     if with_entropy:
-        probs = torch.softmax(picked, dim=-1)
-        entropy = logz - (probs * picked).sum(dim=-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            source, norm = (picked, logz) if entropy_grad else (picked.detach(), logz.detach())
+            entropy = norm - (torch.softmax(source, dim=-1) * source).sum(dim=-1)
     return logp * batch.mask, entropy
 
 

@@ -199,7 +199,8 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
             idx = torch.tensor(key)
             t_forward = time.perf_counter()
             with policy.autocast():
-                logp, entropy = response_logprobs(model, seq, with_entropy=True, temperature=T)    # [n, Tr]
+                logp, entropy = response_logprobs(model, seq, with_entropy=True, temperature=T,     # [n, Tr]
+                                                   entropy_grad=cfg.entropy_coef > 0)
             stats["forward_time"] += time.perf_counter() - t_forward
             if update_index == 0 and seq.rollout_logp is not None:       # the policy that sampled, as the trainer computes it
                 total, worst, count = sampling_gap(old_logp.get(key, logp), seq.rollout_logp, seq.mask)

@@ -1,0 +1,100 @@
+"""The LM head at response positions only: same log-probs, entropy and gradients as full logits."""
+
+import random
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from taut.models import build_testbed_model
+from taut.rl.logprobs import SequenceBatch, _decoder_and_head, response_logprobs
+
+
+def _wide_llama(seed=0):
+    """A Llama whose vocabulary (300) is wider than its hidden state (32), as every real model's is."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def _sequences(vocab, seed=0, n=6, empty=True):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(3, 20))] for _ in range(n)]
+    responses = [[rng.randrange(1, vocab) for _ in range(rng.randint(1, 25))] for _ in range(n)]
+    if empty:
+        responses[1] = []
+    return SequenceBatch.build(prompts, responses, 0, "cpu")
+
+
+def _from_full_logits(model, seq, temperature):
+    """Reference: every position's logits, each response token's row picked one by one."""
+    logits = model(input_ids=seq.input_ids).logits.float() / temperature
+    logp = torch.zeros(seq.mask.shape)
+    entropy = torch.zeros(seq.mask.shape)
+    for i in range(len(seq.prompt_lens)):
+        p = int(seq.prompt_lens[i])
+        for t in range(int(seq.response_lens[i])):
+            row = torch.log_softmax(logits[i, p - 1 + t], dim=-1)
+            logp[i, t] = row[seq.response_ids[i, t]]
+            entropy[i, t] = -(row.exp() * row).sum()
+    return logp, entropy
+
+
+def test_head_runs_on_hidden_states_only_where_the_vocabulary_is_wider():
+    assert _decoder_and_head(_wide_llama()) is not None
+    assert _decoder_and_head(build_testbed_model("tiny").model) is None          # 37 tokens < 128 wide
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2))
+    assert _decoder_and_head(gpt2) is None                                          # not in the list
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_positions_match_full_logits(temperature):
+    model = _wide_llama()
+    seq = _sequences(300)
+    logp, entropy = response_logprobs(model, seq, with_entropy=True, temperature=temperature)
+    ref_logp, ref_entropy = _from_full_logits(model, seq, temperature)
+    mask = seq.mask.bool()
+    torch.testing.assert_close(logp[mask], ref_logp[mask], rtol=0, atol=2e-5)
+    torch.testing.assert_close(entropy[mask], ref_entropy[mask], rtol=0, atol=2e-5)
+    assert not logp[~mask].any()
+
+
+def test_gradients_match_full_logits():
+    grads = []
+    for path in ("head-on-hidden", "full"):
+        model = _wide_llama()
+        seq = _sequences(300, seed=1, empty=False)
+        if path == "full":
+            logp, _ = _from_full_logits(model, seq, 1.0)
+            logp = logp * seq.mask
+        else:
+            logp, _ = response_logprobs(model, seq)
+        (logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum().backward()
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_through_a_lora_wrapper():
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_wide_llama(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert _decoder_and_head(model) is not None
+    seq = _sequences(300, seed=2)
+    logp, _ = response_logprobs(model, seq)
+    ref, _ = _from_full_logits(model, seq, 1.0)
+    mask = seq.mask.bool()
+    torch.testing.assert_close(logp[mask], ref[mask], rtol=0, atol=2e-5)
+
+
+def test_entropy_as_a_metric_keeps_no_graph():
+    model = _wide_llama().train()
+    seq = _sequences(300, seed=3)
+    logp, entropy = response_logprobs(model, seq, with_entropy=True, entropy_grad=False)
+    assert logp.requires_grad and not entropy.requires_grad
+    _, trained = response_logprobs(model, seq, with_entropy=True, entropy_grad=True)
+    assert trained.requires_grad
+    torch.testing.assert_close(entropy, trained.detach(), rtol=0, atol=0)
