@@ -57,6 +57,15 @@ def test_model_shorthand_refined_by_a_nested_override():
     assert config.model.path == "/some/dir" and config.model.dtype == "float32"
 
 
+def test_model_override_without_a_model_section_refines_the_default_model(tmp_path):
+    config = load_config(None, ["model.threads=1"])
+    assert config.model.path == "builtin:testbed-sft" and config.model.threads == 1
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("seed: 1\n")
+    assert load_config(recipe, ["model.dtype=float32"]).model.path == "builtin:testbed-sft"
+    assert load_config(None, ["model.preset=tiny"]).model.preset == "tiny"        # a source set is kept
+
+
 def test_misspelled_key_names_key_line_and_valid_keys(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("seed: 1\nrl:\n  steps: 5\n  clip_hihg: 0.3\n")

@@ -393,8 +393,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), model
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: a recipe must be a mapping of sections, got {type(raw).__name__}")
     overridden: dict[tuple, str] = {}
+    had_model = "model" in raw
     for item in overrides:
         overridden[apply_override(raw, item)] = item
+    if not had_model and isinstance(raw.get("model"), dict) and not {"path", "preset"} & raw["model"].keys():
+        # `--set model.threads=1` without a model section refines the default model, not none
+        default = model.model_fields["model"].default_factory() if "model" in model.model_fields else None
+        if default is not None:
+            raw["model"] = {"path": default.path, "preset": default.preset, **raw["model"]}
     try:
         return model.model_validate(raw)
     except ValidationError as err:
