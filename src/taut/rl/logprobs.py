@@ -73,7 +73,6 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:
     prompt's last position on and the response rows are gathered. Both give the same values; the
     gradients agree to rounding.
     """
-    first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
     width = batch.input_ids.shape[1]
     cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
     parts = _decoder_and_head(model)
@@ -83,6 +82,7 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:
         index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
         picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))        # [N, Tr, H]
         return head(picked)
+    first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
     keep = width - first
     logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits       # [N, keep, V]
     index = ((batch.prompt_lens - 1 - first).unsqueeze(1) + cols).clamp(max=keep - 1)            # [N, Tr]
