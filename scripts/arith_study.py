@@ -111,6 +111,15 @@ def share_start(source: Path, run: Path) -> None:
                 shutil.copyfile(file, target)
 
 
+def start_source(out: Path, runs: dict[str, Path]) -> Path:
+    """Where the start is evaluated: once, in a run of the study directory that has both of its
+    evaluations already (the runs of this call first, then the other methods' runs), else in the
+    first run of this call; the files are then shared with every run."""
+    candidates = [*runs.values(), *(out / m for m in METHODS if m not in runs)]
+    done = (run for run in candidates if all((run / f / "step-000000.json").exists() for f in ("eval", "eval-greedy")))
+    return next(done, next(iter(runs.values())))
+
+
 def cells(report: dict) -> dict:
     """Accuracy, mean tokens and share cut at the cap for each task and level of one evaluation,
     and for the training task as a whole (the evaluation's in-domain summary)."""
@@ -164,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {method: args.out / method for method in methods}
     times = {method: train(method, run, common + (SMOKE_BY_METHOD[method] if args.smoke else []))
              for method, run in runs.items()}
-    # the start: evaluated once, in a run that has it already or else the first, and shared
-    source = next((run for run in runs.values() if all((run / f / "step-000000.json").exists() for f in ("eval", "eval-greedy"))),
-                  runs[methods[0]])
+    source = start_source(args.out, runs)
     rows = []
     for decoding in ("sampled", "greedy"):
         report = evaluate(source, decoding, common, start=True)
