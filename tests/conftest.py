@@ -1,4 +1,6 @@
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +22,13 @@ def sft_policy():
     from taut.models import load_policy
 
     return load_policy(ModelConfig(path=os.environ.get("TAUT_TEST_MODEL", "builtin:testbed-sft")))
+
+
+@pytest.fixture
+def arith_study():
+    """scripts/arith_study.py, the overthinking study's one command, loaded as a module."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "arith_study.py"
+    spec = importlib.util.spec_from_file_location("arith_study", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

