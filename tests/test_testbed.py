@@ -113,6 +113,22 @@ def test_generation_is_deterministic_per_seed():
     assert a == b
 
 
+def test_p_direct_easy_sets_the_direct_share_on_easy_problems_only():
+    from taut.config import MixtureConfig
+
+    mix = TraceMixture.from_config(MixtureConfig(p_direct=0.2, p_direct_easy=0.9, rounds=[1.0]))
+    rng = random.Random(0)
+    shares = {}
+    for easy in (True, False):
+        task = GymTask(["add", "mul"], levels=(1,) if easy else (2, 3, 4))
+        instances = [task.sample_instance(rng, "train") for _ in range(2000)]
+        assert all(i.direct == easy for i in instances)
+        shares[easy] = sum(mix.render(i, rng)[0] == "</think>" for i in instances) / len(instances)
+    assert abs(shares[True] - 0.9) < 0.03 and abs(shares[False] - 0.2) < 0.03
+    # unset, every level takes p_direct: the default mixture is unchanged
+    assert TraceMixture.from_config(MixtureConfig()) == TraceMixture()
+
+
 def test_data_stats_meet_the_testbed_requirements():
     from taut.workflows import data_stats
 

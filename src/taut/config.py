@@ -72,7 +72,9 @@ class ModelConfig(Strict):
 class MixtureConfig(Strict):
     """How testbed SFT traces are written (see docs/testbed.md)."""
 
-    p_direct: float = Field(0.5, ge=0, le=1, description="share of traces that answer without steps, at every level")
+    p_direct: float = Field(0.5, ge=0, le=1, description="share of traces that answer without steps")
+    p_direct_easy: float | None = Field(None, ge=0, le=1, description="that share on problems whose minimal response is "
+                                        "the direct answer (level 1 of most domains); default: p_direct")
     rounds: list[float] = Field(default_factory=lambda: [0.3, 0.3, 0.4], description="P(0, 1, 2, … post-answer rounds)")
 
     @field_validator("rounds")

@@ -47,7 +47,7 @@ def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[st
     if gym_specs:
         domains = [d for spec in gym_specs for d in resolve_domains(spec)]
         task = GymTask(domains, **({"levels": tuple(config.data.levels)} if config.data.levels else {}))
-        mixture = TraceMixture(config.data.mixture.p_direct, tuple(config.data.mixture.rounds))
+        mixture = TraceMixture.from_config(config.data.mixture)
         sources.append(lambda k: gym_examples(task, mixture, rng, k))
     for spec in config.data.sft:
         if isinstance(spec, str) and spec.startswith("gym"):

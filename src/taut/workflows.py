@@ -169,7 +169,7 @@ def data_stats(config: RunConfig, n: int = 400) -> dict[str, Any]:
     from taut.tasks.gym.domains import DOMAINS, LEVELS
     from taut.tasks.gym.task import GymTask, TraceMixture, analyze
 
-    mixture = TraceMixture(config.data.mixture.p_direct, tuple(config.data.mixture.rounds))
+    mixture = TraceMixture.from_config(config.data.mixture)
     cells, total_tokens, total_redundant = [], 0, 0
     for name, domain in DOMAINS.items():
         for level in LEVELS:

@@ -26,6 +26,7 @@ import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from taut.tasks.base import SPLITS, Problem, Split, Verdict
 from taut.tasks.gym.domains import DOMAINS, LEVELS, Domain, get_domain
@@ -267,16 +268,26 @@ def resolve_domains(spec: str) -> list[str]:
 class TraceMixture:
     """How SFT traces are written: the redundancy the cold start teaches.
 
-    `p_direct`: probability that a trace answers directly (no steps), at every level — on level 1
-    thinking is then pure overhead, on harder levels the steps are necessary.
+    `p_direct`: probability that a trace answers directly (no steps) — on level 1 thinking is then
+    pure overhead, on harder levels the steps are necessary.
+    `p_direct_easy`: the same probability on problems whose minimal response is the direct answer
+    (level 1 of most domains); None: `p_direct` there too. A mixture that answers easy problems
+    directly more often than hard ones teaches a choice to think that depends on difficulty.
     `rounds`: probabilities of 0, 1, 2, … post-answer confirmation rounds.
     """
 
     p_direct: float = 0.5
     rounds: tuple[float, ...] = (0.3, 0.3, 0.4)
+    p_direct_easy: float | None = None
+
+    @classmethod
+    def from_config(cls, config: Any) -> TraceMixture:
+        """From a recipe's `data.mixture` section."""
+        return cls(config.p_direct, tuple(config.rounds), config.p_direct_easy)
 
     def render(self, instance: Instance, rng: random.Random) -> list[str]:
-        think = rng.random() >= self.p_direct
+        p_direct = self.p_direct_easy if instance.direct and self.p_direct_easy is not None else self.p_direct
+        think = rng.random() >= p_direct
         n_rounds = rng.choices(range(len(self.rounds)), weights=self.rounds)[0]
         return instance.render(think=think, rounds=n_rounds)
 
