@@ -58,9 +58,8 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/taut bench --quick
 
-# The gate study (recipes/bench-gate.yaml): the SFT model that knows the search domain, then the suite.
+# The gate study (recipes/bench-gate.yaml), from the shipped builtin:testbed-sft-gate.
 bench-gate: $(STAMP)
-	test -d runs/testbed-sft-search || $(BIN)/taut sft --config recipes/testbed-sft-search.yaml --out runs/testbed-sft-search
 	$(BIN)/taut bench --suite gate
 
 bench-speed: $(STAMP)

@@ -97,7 +97,7 @@ def test_gate_suite_parses_and_expands_methods_strengths_and_seeds():
     assert suite.compare == (("gate-on", "gate-off"), ("gate-on+sampler", "gate-on@alpha=1.0"),
                              ("curriculum", "curriculum (compressed)"))
     quick = load_suite(ROOT / "recipes" / "bench-gate.yaml", quick=True)
-    assert quick.bench.model == "builtin:testbed-sft" and quick.bench.steps < 10
+    assert suite.bench.model == quick.bench.model == "builtin:testbed-sft-gate" and quick.bench.steps < 10
 
 
 def test_suite_errors_name_the_file_and_the_method(tmp_path):
@@ -252,3 +252,19 @@ def test_gate_suite_quick_end_to_end(tmp_path, monkeypatch):
     text = md.read_text()
     assert "kept" in text and "<!-- suite:gate -->" in text and "not yet run" not in text
     assert (tmp_path / "docs" / "figures" / "gate-pareto.png").exists()
+
+
+def test_the_shipped_gate_model_answers_easy_problems_directly_and_thinks_on_hard_ones():
+    """builtin:testbed-sft-gate is the SFT model of recipes/testbed-sft-gate.yaml: its choice to
+    think depends on the problem (95 % direct answers on level 1 in its traces, 50 % above) and
+    it writes post-answer rounds — the redundancy the gate study's start keeps."""
+    from taut.config import RunConfig
+    from taut.workflows import evaluate_policy, load_for_eval
+
+    config = RunConfig.model_validate({"model": {"path": "builtin:testbed-sft-gate", "threads": 1},
+                                       "data": {"eval": ["gym:train"]}, "eval": {"n_per_level": 12, "samples": 2}})
+    policy, _ = load_for_eval(config, "builtin:testbed-sft-gate")
+    by_level = evaluate_policy(config, policy, {})[0]["by_level"]
+    assert by_level["1"]["thinks_rate"] < 0.25          # builtin:testbed-sft: 0.49
+    assert by_level["4"]["thinks_rate"] > 0.35
+    assert all(by_level[level]["rounds_rate"] > 0.8 for level in ("1", "2", "3", "4"))   # builtin:testbed-sft: 0.62–0.70
