@@ -26,11 +26,14 @@ import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from taut.tasks.base import SPLITS, Problem, Split, Verdict
 from taut.tasks.gym.domains import DOMAINS, LEVELS, Domain, get_domain
 from taut.tasks.gym.vocab import ANSWER, END_THINK, THINK
+
+if TYPE_CHECKING:
+    from taut.config import MixtureConfig
 
 SPLIT_FRACTIONS = {"train": 0.7, "validation": 0.1, "test": 0.2}
 
@@ -281,7 +284,7 @@ class TraceMixture:
     p_direct_easy: float | None = None
 
     @classmethod
-    def from_config(cls, config: Any) -> TraceMixture:
+    def from_config(cls, config: MixtureConfig) -> TraceMixture:
         """From a recipe's `data.mixture` section."""
         return cls(config.p_direct, tuple(config.rounds), config.p_direct_easy)
 
