@@ -24,6 +24,12 @@ def run(*args, cwd, env=CLEAN):
     return proc.stdout
 
 
+def test_taut_is_a_regular_package():
+    import taut                          # a namespace package (no __init__.py) has no __file__
+
+    assert taut.__file__ and Path(taut.__file__).name == "__init__.py" and taut.__doc__
+
+
 @pytest.mark.slow
 def test_the_wheel_installed_in_a_fresh_venv_runs_outside_the_repository(tmp_path):
     source = tmp_path / "source"             # a copy: no build/ left in the tree, no stale files in the wheel
@@ -49,6 +55,8 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_outside_the_repository(tmp_pat
 
     where = run(python, "-c", "import taut.cli; print(taut.cli.__file__)", cwd=work, env=env)
     assert where.startswith(str(site)), where
+    package = run(python, "-c", "import taut; print(taut.__file__)", cwd=work, env=env).strip()
+    assert package == str(site / "taut" / "__init__.py"), package           # a regular package, not a namespace
     assert run(taut, "--version", cwd=work, env=env).startswith("taut ")
     assert "--dry-run" in run(taut, "demo", "--help", cwd=work, env=env)
     plan = run(taut, "train", "--config", "builtin:grpo", "--dry-run", cwd=work, env={**env, "COLUMNS": "100"})
