@@ -5,25 +5,28 @@ resume it, or skip it when it is done), evaluate the checkpoint the run stands f
 split, sampled (the recipe's eval: T 0.7, 4 samples) and greedy; evaluate the start once the same
 two ways (its files copied into every run); draw every run with `taut compare`; write the table
 (OUT/study.md, OUT/study.json): accuracy, mean tokens and the share cut at the cap per task and
-level, and each method's training time (wall and CPU).
+level, and each method's training time (wall, and the CPU of its own process). `--workers 2` trains
+two methods side by side on one thread each, which uses two cores better than one run on two.
 
 Every step is a `taut` command, printed before it runs, so that any of them can be rerun by
 hand. `--smoke` shrinks everything (2 steps of 2 × 2 rollouts of 16 tokens, 2 problems per level)
 to check the pipeline in a few minutes (`make test-slow` runs it).
 
-    python scripts/arith_study.py --out runs/arith [--methods control,mastery] [--threads 1] [--smoke]
+    python scripts/arith_study.py --out runs/arith [--methods control,mastery] [--threads 1] [--workers 2] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import resource
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from taut.checkpoint import chosen_checkpoint
@@ -52,40 +55,52 @@ class StepFailed(Exception):
     """A taut command of the study exited with an error (its own message is above it)."""
 
 
-def taut(*args: str) -> float:
-    """Run one taut command (printed first); its wall seconds. A failure stops the study."""
+def taut(*args: str, log: Path | None = None) -> tuple[float, float]:
+    """Run one taut command (printed first; its output to `log` when given); its wall and CPU
+    seconds, the CPU of that command alone (so that commands run side by side are timed apart).
+    A failure stops the study."""
     command = [str(Path(sys.executable).parent / "taut"), *args]
-    shown = " ".join(shlex.quote(a) for a in command)
-    print("$", shown, flush=True)
+    shown = " ".join(shlex.quote(a) for a in command) + (f" > {shlex.quote(str(log))} 2>&1" if log else "")
+    print(f"$ {shown}", flush=True)          # one write: commands run side by side print whole lines
     tick = time.perf_counter()
-    if (code := subprocess.run(command).returncode) != 0:
+    with open(log, "w") if log else contextlib.nullcontext() as sink:
+        child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT if log else None)
+        _, status, usage = os.wait4(child.pid, 0)
+    if (code := os.waitstatus_to_exitcode(status)) != 0:
         raise StepFailed(f"the study stopped: exit status {code} from\n  {shown}\n"
                          f"fix the cause and run the study again: done steps are skipped, a cut run resumes")
-    return time.perf_counter() - tick
+    return time.perf_counter() - tick, usage.ru_utime + usage.ru_stime
 
 
 def sets(overrides: list[str]) -> list[str]:
     return [a for item in overrides for a in ("--set", item)]
 
 
-def train(method: str, run: Path, overrides: list[str]) -> dict:
-    """Train (or resume) one method; its recorded times, kept in RUN/study-seconds.json."""
+def train(method: str, run: Path, overrides: list[str], log: bool = False) -> dict:
+    """Train (or resume) one method; its recorded times, kept in RUN/study-seconds.json. With `log`,
+    the command's output goes to RUN/train.log (for runs trained side by side)."""
     record = run / "study-seconds.json"
     if (run / "selection.json").exists() or (run / "curriculum.json").exists():
         if record.exists():
             return json.loads(record.read_text())
         return {"wall": None, "cpu": None, "note": "trained before this study's timing was kept"}
-    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sink = run.parent / f"{run.name}.train.log" if log else None
     if (run / "checkpoints").is_dir():
-        wall = taut("train", "--resume", str(run), *sets(overrides))
+        wall, cpu = taut("train", "--resume", str(run), *sets(overrides), log=sink)
         note = "resumed: the time of the last part only"
     else:
-        wall = taut("train", "--config", str(recipe(method)), "--out", str(run), *sets(overrides))
+        wall, cpu = taut("train", "--config", str(recipe(method)), "--out", str(run), *sets(overrides), log=sink)
         note = ""
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    times = {"wall": wall, "cpu": (after.ru_utime + after.ru_stime) - (cpu.ru_utime + cpu.ru_stime), "note": note}
+    times = {"wall": wall, "cpu": cpu, "note": note}
     record.write_text(json.dumps(times, indent=1))
     return times
+
+
+def train_all(runs: dict[str, Path], overrides: dict[str, list[str]], workers: int) -> dict[str, dict]:
+    """Train every method, `workers` at a time (output to logs when more than one); their times."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        started = {method: pool.submit(train, method, run, overrides[method], workers > 1) for method, run in runs.items()}
+        return {method: future.result() for method, future in started.items()}
 
 
 def evaluate(run: Path, decoding: str, overrides: list[str], start: bool = False) -> dict:
@@ -152,7 +167,7 @@ def table(rows: list[dict]) -> str:
 
 def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of threads ≥ 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}")
     return int(text)
 
 
@@ -161,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/arith"))
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of " + ", ".join(METHODS))
     parser.add_argument("--threads", type=positive, default=None, help="torch threads per command (default: all cores)")
+    parser.add_argument("--workers", type=positive, default=1,
+                        help="methods trained side by side, each on cores / workers threads unless --threads "
+                             "(their output in OUT/METHOD.train.log); evaluations run one at a time")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a tiny sample: checks the pipeline")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -168,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not methods:
         parser.error(f"--methods: unknown {', '.join(unknown) or '(none given)'}; expected some of {', '.join(METHODS)}")
     common = (SMOKE if args.smoke else []) + ([f"model.threads={args.threads}"] if args.threads else [])
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    training = (SMOKE if args.smoke else []) + ([f"model.threads={threads}"] if args.workers > 1 or args.threads else [])
     args.out.mkdir(parents=True, exist_ok=True)
 
     runs = {method: args.out / method for method in methods}
-    times = {method: train(method, run, common + (SMOKE_BY_METHOD[method] if args.smoke else []))
-             for method, run in runs.items()}
+    times = train_all(runs, {m: training + (SMOKE_BY_METHOD[m] if args.smoke else []) for m in runs}, args.workers)
     source = start_source(args.out, runs)
     rows = []
     for decoding in ("sampled", "greedy"):

@@ -21,7 +21,7 @@ except PackageNotFoundError:
 def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsys, arith_study):
     study = arith_study
     out = tmp_path / "arith"
-    assert study.main(["--out", str(out), "--smoke"]) == 0
+    assert study.main(["--out", str(out), "--smoke", "--workers", "2"]) == 0      # as make study-arith runs it
 
     result = json.loads((out / "study.json").read_text())
     assert result["smoke"] is True
@@ -34,6 +34,7 @@ def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsy
             assert row["train"]["wall"] > 0 and row["train"]["cpu"] > 0
     for method in study.METHODS:
         run = out / method
+        assert "rl: " in (out / f"{method}.train.log").read_text()             # trained side by side: logged
         assert (run / "eval" / "step-000000.json").exists() and (run / "eval-greedy" / "step-000000.json").exists()
         chosen = f"{chosen_checkpoint(run).name}.json"
         sampled = json.loads((run / "eval" / chosen).read_text())

@@ -1,0 +1,45 @@
+"""The overthinking study trains methods side by side (`--workers`), each timed by its own process."""
+
+import threading
+import time
+
+import pytest
+
+
+def test_methods_train_side_by_side_at_most_workers_at_a_time(tmp_path, arith_study, monkeypatch):
+    running, most, calls, lock = [0], [0], {}, threading.Lock()
+
+    def train(method, run, overrides, log):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        calls[method] = (run, overrides, log)
+        return {"wall": 0.2, "cpu": 0.0, "note": method}
+
+    monkeypatch.setattr(arith_study, "train", train)
+    runs = {m: tmp_path / m for m in arith_study.METHODS}
+    times = arith_study.train_all(runs, {m: [f"seed={i}"] for i, m in enumerate(runs)}, workers=2)
+    assert most[0] == 2
+    assert list(times) == list(arith_study.METHODS) and all(times[m]["note"] == m for m in runs)
+    assert all(calls[m] == (runs[m], [f"seed={i}"], True) for i, m in enumerate(runs))   # side by side: logged
+
+    most[0] = 0
+    arith_study.train_all(runs, {m: [] for m in runs}, workers=1)
+    assert most[0] == 1 and not any(log for _, _, log in calls.values())
+
+
+def test_a_command_is_timed_alone_and_its_output_logged(tmp_path, arith_study):
+    log = tmp_path / "help.log"
+    wall, cpu = arith_study.taut("--help", log=log)
+    assert "train" in log.read_text() and wall > 0 and 0 < cpu < wall + 5
+    with pytest.raises(arith_study.StepFailed, match="exit status 2"):
+        arith_study.taut("no-such-command", log=tmp_path / "bad.log")
+
+
+def test_workers_must_be_a_positive_whole_number(arith_study, capsys):
+    with pytest.raises(SystemExit):
+        arith_study.main(["--workers", "0"])
+    assert "expected a whole number ≥ 1, got '0'" in capsys.readouterr().err
