@@ -72,4 +72,4 @@ bench-speed-real: $(STAMP)
 # recipes/real/smollm2-arith-*.yaml trained, evaluated sampled and greedy, compared; the table in
 # runs/arith/study.md. Done steps are skipped, so a second call only redraws.
 study-arith: $(STAMP)
-	$(BIN)/python scripts/arith_study.py --out runs/arith
+	$(BIN)/python scripts/arith_study.py --out runs/arith --workers 2
