@@ -78,7 +78,7 @@ def sets(overrides: list[str]) -> list[str]:
 
 def train(method: str, run: Path, overrides: list[str], log: bool = False) -> dict:
     """Train (or resume) one method; its recorded times, kept in RUN/study-seconds.json. With `log`,
-    the command's output goes to RUN/train.log (for runs trained side by side)."""
+    the command's output goes to OUT/METHOD.train.log, beside the run (for runs trained side by side)."""
     record = run / "study-seconds.json"
     if (run / "selection.json").exists() or (run / "curriculum.json").exists():
         if record.exists():
