@@ -137,6 +137,31 @@ def test_draw_samples_each_row_from_its_own_distribution():
         assert freq.tolist() == pytest.approx(probs[row].tolist(), abs=0.015)
 
 
+def _draw_one_level(probs, generator):
+    """The definition the two-level draw implements: the first index whose cumulative sum over
+    the whole row (float64) exceeds u × the row's total."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+@pytest.mark.parametrize("vocab", [37, 256, 1000, 49152])
+def test_two_level_draw_picks_the_index_of_the_whole_row_cumulative_sum(vocab):
+    """Same uniforms, same tokens as the one-level inverse transform (up to draws within float32
+    rounding of a block's boundary: none here), on peaked and flat rows, with a vocabulary
+    shorter than, equal to, not a multiple of and many times the block."""
+    from taut.rollout.hf import draw
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(512, vocab, generator=g) * torch.tensor([0.5, 3.0, 12.0]).repeat(171)[:512, None]
+    probs = torch.softmax(logits, dim=-1)
+    probs[::7, vocab // 2:] = 0.0                                     # rows whose last blocks carry no mass
+    got = draw(probs, torch.Generator().manual_seed(11))
+    want = _draw_one_level(probs, torch.Generator().manual_seed(11))
+    assert torch.equal(got, want)
+    assert bool((probs.gather(-1, got[:, None]) > 0).all())
+
+
 def test_draw_at_the_rows_total_falls_back_to_the_last_token_with_mass(monkeypatch):
     """A uniform draw that rounds up to the row's total would select past the last token with
     mass (here zeros follow it): the draw must still land on a token that has mass."""

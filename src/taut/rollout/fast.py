@@ -136,15 +136,20 @@ class FastDecoder:
         self.valid = self.valid.index_select(0, index)
 
     def _rotary(self, position: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the signed sin [A, 1, D] of each row's position: rotate_half(x) · sin, as
+        Hugging Face writes it, equals roll(x, D/2) · (−sin₁, sin₂) exactly (a sign moves
+        between the factors), which saves the negation and the concatenation at every use."""
         freqs = position.float().unsqueeze(-1) * self.inv_freq.float()                    # [A, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return ((emb.cos() * self.rope_scale).to(dtype).view(-1, 1, 1, self.head_dim),
-                (emb.sin() * self.rope_scale).to(dtype).view(-1, 1, 1, self.head_dim))
+        sin = emb.sin()
+        signed = torch.cat((-sin[:, : freqs.shape[-1]], sin[:, freqs.shape[-1]:]), dim=-1)
+        return ((emb.cos() * self.rope_scale).to(dtype).view(-1, 1, self.head_dim),
+                (signed * self.rope_scale).to(dtype).view(-1, 1, self.head_dim))
 
     @staticmethod
-    def _rotate(x, cos, sin):
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    def _rotate(x, cos, signed_sin):
+        """x · cos + rotate_half(x) · sin over the last dimension (see `_rotary`)."""
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -154,19 +159,21 @@ class FastDecoder:
             self._grow()
         rows, d, kv, groups = tokens.shape[0], self.head_dim, self.n_kv, self.n_heads // self.n_kv
         x = self.inner.embed_tokens(tokens)                                                # [A, H]
-        cos, sin = self._rotary(position, x.dtype)                                          # [A, 1, 1, D]
+        cos, sin = self._rotary(position, x.dtype)                                          # [A, 1, D]
         self.valid[:, t] = True
         visible = self.valid[:, : t + 1].view(rows, 1, 1, t + 1) if self.padded else None  # [A, 1, 1, T]
         width = x.shape[-1]
         for i, w in enumerate(self.layers):
             h = F.rms_norm(x, (width,), w["ln1"], self.eps)
             qkv = F.linear(h, w["qkv"], w["qkv_bias"])
-            q, k, v = qkv.split([self.n_heads * d, kv * d, kv * d], dim=-1)
-            q, k, v = q.view(rows, kv, groups, d), k.view(rows, kv, 1, d), v.view(rows, kv, d)
+            qk, v = qkv.split([(self.n_heads + kv) * d, kv * d], dim=-1)
+            qk, v = qk.view(rows, self.n_heads + kv, d), v.view(rows, kv, d)
             if w["q_norm"] is not None:
-                q, k = F.rms_norm(q, (d,), w["q_norm"], self.eps), F.rms_norm(k, (d,), w["k_norm"], self.eps)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            self.k[i][:, :, t] = k[:, :, 0]
+                q, k = qk.split([self.n_heads, kv], dim=1)
+                qk = torch.cat([F.rms_norm(q, (d,), w["q_norm"], self.eps), F.rms_norm(k, (d,), w["k_norm"], self.eps)], dim=1)
+            qk = self._rotate(qk, cos, sin)                                                   # queries and keys at once
+            q, k = qk[:, : self.n_heads].view(rows, kv, groups, d), qk[:, self.n_heads:]
+            self.k[i][:, :, t] = k
             self.v[i][:, :, t] = v
             keys, values = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]                  # [A, kv, T, D]
             # the kernel and shapes Hugging Face's sdpa attention picks for one new query: query heads
