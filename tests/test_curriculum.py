@@ -113,6 +113,28 @@ def test_mixture_sampler_rule():
     assert u.history == t.history
 
 
+def test_mastered_frac_counts_at_the_samplers_threshold():
+    """`mastered_frac` is the share of the pool the sampler treats as mastered: at its
+    `mastery_threshold`, not at 1.0."""
+    from types import SimpleNamespace
+
+    from taut.config import PhaseConfig
+    from taut.rl.rollouts import RolloutBatch
+    from taut.rl.trainer import step_record
+
+    tracker = MasteryTracker()
+    for i, rate in enumerate([1.0, 0.75, 0.75, 0.25]):
+        tracker.record(f"p{i}", 0, rate)
+    pool = SimpleNamespace(items=[(None, SimpleNamespace(id=f"p{i}")) for i in range(4)])
+    run = SimpleNamespace(step=1, tracker=tracker, pool=pool)
+    batch = RolloutBatch(sampled={"correct": [True], "score": [1.0], "length": [3], "truncated": [False],
+                                  "redundancy": [], "thinks": []})
+    for threshold, share in ((1.0, 0.25), (0.75, 0.75), (0.2, 1.0)):
+        phase = PhaseConfig.model_validate({"name": "compress", "steps": 1, "sampler": {"mastered_fraction": "adaptive",
+                                                                                      "mastery_threshold": threshold}})
+        assert step_record(run, phase, batch, {}, {}, cap=8, lr=1e-3)["mastered_frac"] == share
+
+
 def test_mastery_history_and_sampler_state_survive_resume(tmp_path):
     recipe = tmp_path / "r.yaml"
     import yaml
