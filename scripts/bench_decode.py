@@ -60,7 +60,9 @@ def decode_rate(rows: int, threads: int) -> dict:
 
 
 def worker(tree: str | None, args: argparse.Namespace, what: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    from taut.bench.speed import _worker_env
+
+    env = _worker_env(args.threads)
     if tree:
         env["PYTHONPATH"] = os.path.abspath(tree)
     cmd = [sys.executable, __file__, "--worker", what, "--dtype", args.dtype, "--prompts", str(args.prompts),

