@@ -170,3 +170,36 @@ def test_draw_at_the_rows_total_falls_back_to_the_last_token_with_mass(monkeypat
     probs = torch.tensor([[0.25, 0.75, 0.0, 0.0]])
     monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw.get("dtype")))
     assert draw(probs, None).tolist() == [1]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN (mkldnn) is not in this torch build")
+def test_prepacked_bf16_products_give_the_plain_products_logits(eos_prone):
+    """Under bf16 autocast on a CPU the fast path multiplies by weights reordered once for oneDNN;
+    its logits must equal, bit for bit, those of the same path with autocast's plain products,
+    at the full batch and after rows are dropped (other row counts than the reorder's hint)."""
+    from taut.rollout import fast
+
+    policy = eos_prone
+    ids = [policy.encode_prompt(p) for p in PROMPTS]
+    width = max(map(len, ids))
+    tokens = torch.full((len(ids), width), policy.pad_id)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        tokens[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed, plain = fast.FastDecoder(policy.model), fast.FastDecoder(policy.model, pack=False)
+        assert packed.packed and not plain.packed
+        logits = [d.prefill(tokens, mask, position, 8) for d in (packed, plain)]
+        for d in (packed, plain):
+            d.repeat(3)
+        nxt, pos = logits[0].argmax(-1).repeat_interleave(3), mask.sum(-1).repeat_interleave(3)
+        for t in range(6):
+            if t == 3:                                   # drop rows: 11 of 18 left
+                keep = torch.arange(0, 18, 2)[:-2].tolist() + [1, 3]
+                for d in (packed, plain):
+                    d.select(torch.tensor(keep))
+                nxt, pos = nxt[keep], pos[keep]
+            a, b = packed.step(nxt, pos), plain.step(nxt, pos)
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+            nxt, pos = a.argmax(-1), pos + 1

@@ -7,7 +7,8 @@ does the same arithmetic with the model's own weights — query/key/value and ga
 projections fused into one matrix product each, RMS norms as one kernel, attention for the
 single new query through the same `scaled_dot_product_attention` call (same shapes, same mask
 or none) that Hugging Face's sdpa attention makes — writing keys and values into buffers
-allocated once for the whole generation. The prompt is prefilled by the model's own forward;
+allocated once for the whole generation. Under bf16 autocast on a CPU the products use weights
+reordered once per generate call for oneDNN. The prompt is prefilled by the model's own forward;
 its cache is copied into the buffers. Tests check greedy tokens equal `model.generate`, in fp32
 and under bf16 autocast, where a different attention kernel would round differently and flip
 near-tied tokens.
@@ -43,7 +44,7 @@ def supports(model) -> bool:
 
 
 class FastDecoder:
-    def __init__(self, model):
+    def __init__(self, model, pack: bool = True):
         self.model = model
         self.inner = model.model
         config = model.config
@@ -62,20 +63,31 @@ class FastDecoder:
         low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         self.low = low        # keys and values are kept in it too: attention would cast them at every step
 
+        # bf16 products on a CPU with oneDNN: weights reordered once into the layout its matmul
+        # kernel reads (as torch.compile's CPU backend does when it freezes weights), where a plain
+        # product reorders them at every call: 1.30x the tokens/s at SmolLM2's 64 rows
+        # (docs/performance.md). The same values, bit for bit, at any row count (the 64 below is
+        # the reorder's hint; tests/test_rollout_engine.py).
+        self.packed = pack and low == torch.bfloat16 and device == "cpu" and torch.backends.mkldnn.is_available()
+
         def cast(w):
             return w if w is None or low is None else w.to(low)
 
-        self.head, self.head_bias = cast(model.lm_head.weight), cast(model.lm_head.bias)
+        def weight(w):
+            w = cast(w)
+            return torch.ops.mkldnn._reorder_linear_weight(w, 64) if self.packed else w
+
+        self.head, self.head_bias = weight(model.lm_head.weight), cast(model.lm_head.bias)
         self.layers = []
         for layer in self.inner.layers:
             a, m = layer.self_attn, layer.mlp
             biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
             self.layers.append({
                 "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
-                "qkv": cast(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                "qkv": weight(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
                 "qkv_bias": cast(torch.cat(biases)) if all(b is not None for b in biases) else None,
-                "o": cast(a.o_proj.weight), "o_bias": cast(a.o_proj.bias),
-                "gate_up": cast(torch.cat([m.gate_proj.weight, m.up_proj.weight])), "down": cast(m.down_proj.weight),
+                "o": weight(a.o_proj.weight), "o_bias": cast(a.o_proj.bias),
+                "gate_up": weight(torch.cat([m.gate_proj.weight, m.up_proj.weight])), "down": weight(m.down_proj.weight),
                 "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,     # Qwen3 normalises q and k per head
                 "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
             })
@@ -151,6 +163,12 @@ class FastDecoder:
         """x · cos + rotate_half(x) · sin over the last dimension (see `_rotary`)."""
         return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x · weightᵀ + bias, as autocast computes it: x cast to the low precision first."""
+        if not self.packed:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.low).contiguous(), weight, bias, "none", [], "")
+
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Logits [A, V] for the next token after `tokens` [A] at `position` [A]."""
@@ -165,7 +183,7 @@ class FastDecoder:
         width = x.shape[-1]
         for i, w in enumerate(self.layers):
             h = F.rms_norm(x, (width,), w["ln1"], self.eps)
-            qkv = F.linear(h, w["qkv"], w["qkv_bias"])
+            qkv = self._linear(h, w["qkv"], w["qkv_bias"])
             qk, v = qkv.split([(self.n_heads + kv) * d, kv * d], dim=-1)
             qk, v = qk.view(rows, self.n_heads + kv, d), v.view(rows, kv, d)
             if w["q_norm"] is not None:
@@ -183,9 +201,9 @@ class FastDecoder:
             else:
                 out = F.scaled_dot_product_attention(q.view(rows, -1, 1, d), keys, values, scale=self.scaling, enable_gqa=True)
             out = out.reshape(rows, -1)                                                       # [A, heads·D]
-            x = x + F.linear(out, w["o"], w["o_bias"])
+            x = x + self._linear(out, w["o"], w["o_bias"])
             h = F.rms_norm(x, (width,), w["ln2"], self.eps)
-            gate, up = F.linear(h, w["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["down"])
+            gate, up = self._linear(h, w["gate_up"]).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, w["down"])
         self.length = t + 1
-        return F.linear(F.rms_norm(x, (width,), self.inner.norm.weight, self.eps), self.head, self.head_bias)
+        return self._linear(F.rms_norm(x, (width,), self.inner.norm.weight, self.eps), self.head, self.head_bias)
