@@ -203,3 +203,33 @@ def test_prepacked_bf16_products_give_the_plain_products_logits(eos_prone):
             a, b = packed.step(nxt, pos), plain.step(nxt, pos)
             assert a.dtype == torch.bfloat16 and torch.equal(a, b)
             nxt, pos = a.argmax(-1), pos + 1
+
+
+def test_fast_path_folds_lora_adapters_into_its_weights(eos_prone):
+    """A peft model with LoRA adapters takes the fast path with scale·B·A folded into each adapted
+    weight: in fp32 its greedy tokens equal the generic path's, where the adapters run as their
+    own products. The adapters do change the tokens (B is drawn at random: peft starts it at zero)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from taut.rollout import fast
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(copy.deepcopy(eos_prone.model), LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                                       task_type="CAUSAL_LM"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+    assert fast.supports(model)
+    policy = eos_prone
+    ids = [policy.encode_prompt(p) for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=24, temperature=0)
+    rows = {f: HFEngine(model, policy.eos_id, policy.pad_id, fast=f).generate(ids, 2, params).tokens for f in (True, False)}
+    assert rows[True] == rows[False]
+    with model.disable_adapter():
+        assert not fast.supports(model)                 # disabled adapters: the generic path
+        base = HFEngine(model, policy.eos_id, policy.pad_id, fast=False).generate(ids, 2, params).tokens
+    assert base != rows[False]

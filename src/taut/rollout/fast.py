@@ -16,8 +16,10 @@ near-tied tokens.
 Rows advance in lockstep: at decode step t every row writes column W + t, where W is the
 (left-padded) prompt width; per-row positions drive the rotary embedding and a per-row mask
 hides the padding. The buffers start with room for 64 new tokens and double when full, so a
-long cap costs memory only when responses are long. Models wrapped by peft (LoRA) use the
-generic path, where the adapters apply.
+long cap costs memory only when responses are long. A model wrapped by peft with plain LoRA
+adapters takes this path with each adapter folded into its layer's weight for the generate
+call (W + scale·B·A): the same function, rounded differently from the adapter's own products,
+so its greedy tokens are tested against the generic path's in fp32 only.
 """
 
 from __future__ import annotations
@@ -29,11 +31,21 @@ from transformers import DynamicCache
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 
 
+def unwrap(model):
+    """The Hugging Face model inside a peft wrapper (its LoRA layers in place), else the model."""
+    return model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
+
+
 def supports(model) -> bool:
     """True for the architectures and settings this path reproduces exactly: full attention
-    (no sliding window) and the default rotary embedding."""
+    (no sliding window) and the default rotary embedding; with peft, plain LoRA on linear layers
+    of the decoder (not merged, not disabled, no DoRA), which the path folds into its weights."""
+    model = unwrap(model)
     if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-        return False                         # e.g. a peft wrapper: its adapters live in the modules' forward
+        return False
+    for module in model.modules():
+        if hasattr(module, "lora_A") and not _plain_lora(module):
+            return False
     config = model.config.to_dict()          # fields differ between architectures
     if config.get("model_type") not in SUPPORTED or config.get("use_sliding_window"):
         return False
@@ -43,8 +55,28 @@ def supports(model) -> bool:
     return rope.get("rope_type", rope.get("type", "default")) in ("default", None)
 
 
+def _plain_lora(module) -> bool:
+    return (isinstance(getattr(module, "base_layer", None), torch.nn.Linear) and not module.merged and not module.disable_adapters
+            and not any(module.use_dora.get(a, False) for a in module.active_adapters)
+            and not any(getattr(module, "lora_bias", {}).get(a, False) for a in module.active_adapters))
+
+
+def _weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A projection's weight and bias; for a LoRA layer its base weight plus scale·B·A of each
+    active adapter (in the layer's precision: the product rounds differently from the adapter's
+    own two products, by float rounding only)."""
+    base = getattr(linear, "base_layer", linear)
+    weight = base.weight
+    if hasattr(linear, "lora_A"):
+        for adapter in linear.active_adapters:
+            if adapter in linear.lora_A:
+                weight = weight + linear.get_delta_weight(adapter).to(weight.dtype)
+    return weight, base.bias
+
+
 class FastDecoder:
     def __init__(self, model, pack: bool = True):
+        model = unwrap(model)                # the forward of a peft model's base model applies the adapters
         self.model = model
         self.inner = model.model
         config = model.config
@@ -77,17 +109,21 @@ class FastDecoder:
             w = cast(w)
             return torch.ops.mkldnn._reorder_linear_weight(w, 64) if self.packed else w
 
-        self.head, self.head_bias = weight(model.lm_head.weight), cast(model.lm_head.bias)
+        head, head_bias = _weight(model.lm_head)
+        self.head, self.head_bias = weight(head), cast(head_bias)
         self.layers = []
         for layer in self.inner.layers:
             a, m = layer.self_attn, layer.mlp
-            biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+            (q, q_bias), (k, k_bias), (v, v_bias) = (_weight(p) for p in (a.q_proj, a.k_proj, a.v_proj))
+            o, o_bias = _weight(a.o_proj)
+            biases = [q_bias, k_bias, v_bias]
             self.layers.append({
                 "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
-                "qkv": weight(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                "qkv": weight(torch.cat([q, k, v])),
                 "qkv_bias": cast(torch.cat(biases)) if all(b is not None for b in biases) else None,
-                "o": weight(a.o_proj.weight), "o_bias": cast(a.o_proj.bias),
-                "gate_up": weight(torch.cat([m.gate_proj.weight, m.up_proj.weight])), "down": weight(m.down_proj.weight),
+                "o": weight(o), "o_bias": cast(o_bias),
+                "gate_up": weight(torch.cat([_weight(m.gate_proj)[0], _weight(m.up_proj)[0]])),
+                "down": weight(_weight(m.down_proj)[0]),
                 "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,     # Qwen3 normalises q and k per head
                 "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
             })
