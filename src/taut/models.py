@@ -258,23 +258,23 @@ def is_lora(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def lora_delta(module: torch.nn.Module) -> torch.Tensor | None:
+    """The weight change scale·B·A of a peft LoRA layer's active adapters, summed; None for any
+    other module, and for a layer whose adapters are already merged into its weight."""
+    if not hasattr(module, "lora_A") or module.merged:
+        return None
+    deltas = [module.get_delta_weight(adapter) for adapter in module.active_adapters if adapter in module.lora_A]
+    return sum(deltas[1:], deltas[0]) if deltas else None
+
+
 @torch.no_grad()
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under the plain model's names, with any LoRA adapter merged in
     (W + scale·B·A per adapted layer). The model itself is left unchanged."""
     if not is_lora(model):
         return model.state_dict()
-    from peft.tuners.lora import LoraLayer
-
     base = model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged:
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    delta = module.get_delta_weight(adapter)
-                    key = f"{name}.weight"
-                    deltas[key] = delta if key not in deltas else deltas[key] + delta
+    deltas = {f"{name}.weight": delta for name, module in base.named_modules() if (delta := lora_delta(module)) is not None}
     out = {}
     for key, value in base.state_dict().items():
         if any(part.startswith("lora_") for part in key.split(".")):

@@ -28,12 +28,14 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from taut.models import is_lora, lora_delta
+
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 
 
 def unwrap(model):
     """The Hugging Face model inside a peft wrapper (its LoRA layers in place), else the model."""
-    return model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
+    return model.get_base_model() if is_lora(model) else model
 
 
 def supports(model) -> bool:
@@ -62,16 +64,12 @@ def _plain_lora(module) -> bool:
 
 
 def _weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A projection's weight and bias; for a LoRA layer its base weight plus scale·B·A of each
-    active adapter (in the layer's precision: the product rounds differently from the adapter's
-    own two products, by float rounding only)."""
+    """A projection's weight and bias; for a LoRA layer its base weight plus its adapters'
+    scale·B·A (in the layer's precision: this rounds differently from the adapters' own two
+    products, by float rounding only)."""
     base = getattr(linear, "base_layer", linear)
-    weight = base.weight
-    if hasattr(linear, "lora_A"):
-        for adapter in linear.active_adapters:
-            if adapter in linear.lora_A:
-                weight = weight + linear.get_delta_weight(adapter).to(weight.dtype)
-    return weight, base.bias
+    delta = lora_delta(linear)
+    return (base.weight if delta is None else base.weight + delta.to(base.weight.dtype)), base.bias
 
 
 class FastDecoder:
