@@ -12,7 +12,8 @@ them made the update 1.6–2.0× as fast (docs/performance.md, "Freed memory kep
 `keep_freed_memory()` tells glibc to take every allocation from its heap and not to trim it:
 freed memory goes back to malloc's free lists, not to the kernel. Once the heap has grown to a
 step's peak, later steps fault nothing. The peak resident memory stays what it was; the memory
-is held until the process ends.
+is held until the process ends. The setting lasts for the process: a policy loaded later with
+`model.keep_freed_memory: false` does not undo it.
 """
 
 from __future__ import annotations
