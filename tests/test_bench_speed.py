@@ -32,6 +32,7 @@ def test_one_pair_of_each_side_records_times_load_and_limits(tmp_path):
         run = runs[0]
         assert run["steps"] == 1 and run["mean_completion_tokens"] == pytest.approx(4), side    # forced: every row 4 tokens
         assert run["peak_rss_mb"] > 0 and all(v >= 0 for v in run["split_s_per_step"].values())
+        assert run["process_system_cpu_s"] >= 0 and run["process_page_faults"] > 0    # a process faults its memory in once
         assert 0 < run["limit_fraction"]["generation"] < math.inf and 0 <= run["limit_fraction"]["update"] < math.inf
     assert series["ratio"]["pairs"] == [series["runs"]["taut"][0]["steps_per_s"] / series["runs"]["trl"][0]["steps_per_s"]]
     limits_ = series["limits"]

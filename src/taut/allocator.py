@@ -25,18 +25,12 @@ M_TRIM_THRESHOLD = -1           # mallopt parameters, from glibc's malloc.h
 M_MMAP_MAX = -4
 NEVER_TRIM = 2**31 - 1          # the largest value mallopt takes: trim only a free top above 2 GB
 
-_kept = False
-
 
 def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory for the rest of the process; True where it does
-    (Linux with glibc), False elsewhere, where nothing is changed."""
-    global _kept
-    if _kept:
-        return True
+    """Make glibc's malloc keep freed memory for the rest of the process (setting it again changes
+    nothing); True where it does (Linux with glibc), False elsewhere, where nothing is changed."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     mallopt = ctypes.CDLL(None).mallopt          # the process's own C library
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    _kept = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1
-    return _kept
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) == 1

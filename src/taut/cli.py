@@ -488,9 +488,8 @@ def speed_table(results: dict, vs: str | None):
             speed.add_row(name, side, f"{median_of(runs, 'steps_per_s'):.3f}", f"{median_of(runs, 'rollout_tokens_per_s'):.0f}",
                           f"{median_of(runs, 'peak_rss_mb'):.0f}", f"{100 * med(runs, lambda x: x.get('rows_trained', 1.0)):.0f}%",
                           *fractions)
-            system = f"{med(runs, lambda x: x['process_system_cpu_s']):.0f}" if "process_system_cpu_s" in runs[0] else ""
             split.add_row(name, side, *(f"{med(runs, lambda x: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]),
-                          system)
+                          f"{median_of(runs, 'process_system_cpu_s'):.0f}")
         if "ratio" in r:
             q = r["ratio"]
             loaded = sum(p["loaded"] for p in r["load"])

@@ -261,6 +261,11 @@ def is_lora(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a peft wrapper (its LoRA layers in place), else the model."""
+    return model.get_base_model() if is_lora(model) else model
+
+
 def lora_delta(module: torch.nn.Module) -> torch.Tensor | None:
     """The weight change scale·B·A of a peft LoRA layer's active adapters, summed; None for any
     other module, and for a layer whose adapters are already merged into its weight."""

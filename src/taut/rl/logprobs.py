@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from taut.models import unwrap
+
 
 @dataclass
 class SequenceBatch:
@@ -53,7 +55,7 @@ def _decoder_and_head(model):
     """(decoder, lm_head) when logits are lm_head(decoder(input_ids).last_hidden_state) and the
     vocabulary is wider than the hidden state (so gathering hidden states moves less than gathering
     logits), else None."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model    # through a LoRA wrapper
+    base = unwrap(model)                                 # through a LoRA wrapper
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) not in HEAD_ON_HIDDEN or config.vocab_size <= config.hidden_size:
         return None

@@ -28,14 +28,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from taut.models import is_lora, lora_delta
+from taut.models import lora_delta, unwrap
 
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
-
-
-def unwrap(model):
-    """The Hugging Face model inside a peft wrapper (its LoRA layers in place), else the model."""
-    return model.get_base_model() if is_lora(model) else model
 
 
 def supports(model) -> bool:
