@@ -23,7 +23,8 @@ import platform
 
 M_TRIM_THRESHOLD = -1           # mallopt parameters, from glibc's malloc.h
 M_MMAP_MAX = -4
-NEVER_TRIM = 2**31 - 1          # the largest value mallopt takes: trim only a free top above 2 GB
+NEVER_TRIM = -1                 # mallopt(3): -1 turns trimming off (2**31 - 1, the largest positive
+                                # value, still trims a free top above 2 GB: TRL's steps free 4 GB at once)
 
 
 def keep_freed_memory() -> bool:
