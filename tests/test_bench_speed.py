@@ -34,6 +34,7 @@ def test_one_pair_of_each_side_records_times_load_and_limits(tmp_path):
         assert run["peak_rss_mb"] > 0 and all(v >= 0 for v in run["split_s_per_step"].values())
         assert run["process_system_cpu_s"] >= 0 and run["process_page_faults"] > 0    # a process faults its memory in once
         assert 0 < run["limit_fraction"]["generation"] < math.inf and 0 <= run["limit_fraction"]["update"] < math.inf
+        assert 0 <= run["prompts_forwarded"] <= run["rows_trained"] <= 1, side    # a prompt counts once per micro-batch
     assert series["ratio"]["pairs"] == [series["runs"]["taut"][0]["steps_per_s"] / series["runs"]["trl"][0]["steps_per_s"]]
     limits_ = series["limits"]
     assert set(limits_["rates_gflops"]) == {"decode fp32", "train fp32", "decode bf16", "train bf16"}
@@ -42,7 +43,8 @@ def test_one_pair_of_each_side_records_times_load_and_limits(tmp_path):
 
 
 def test_limit_fractions_follow_the_necessary_arithmetic():
-    """2·N per generated token, 6·N per trained token (4·N with LoRA), at the measured rates."""
+    """2·N per generated token, 6·N per trained token (4·N with LoRA; a shared prompt's tokens
+    once), at the measured rates."""
     w = Workload(prompts_per_step=1, group_size=2)
     run = {"mean_completion_tokens": 10, "steps_per_s": 0.5,
            "split_s_per_step": {"generation": 1.0, "log-probs (forward)": 0.5, "backward + optimizer": 0.5, "rewards": 0.0}}
@@ -55,6 +57,8 @@ def test_limit_fractions_follow_the_necessary_arithmetic():
     assert got["step"] == pytest.approx((0.4 + 0.6) * 0.5)
     half = limits(run | {"rows_trained": 0.5}, w, model, rates)                     # taut forwarded half the rows
     assert half["update"] == pytest.approx(got["update"] / 2) and half["generation"] == got["generation"]
+    shared = limits(run | {"prompts_forwarded": 0.5}, w, model, rates)              # one prompt forward for both rows
+    assert shared["update"] == pytest.approx(6 * 1e9 * (2 * 10 + 1 * 5) / 300e9 / 1.0)
 
 
 @pytest.mark.parametrize("args, message", [(["--dtype", "fp16"], "--dtype 'fp16': 'fp16' is not one of float32, bf16-mixed"),

@@ -220,6 +220,11 @@ class RLConfig(Strict):
     max_sampling_rounds: int = Field(3, ge=1, description="generation rounds per step to refill a dynamic-sampling batch")
     updates_per_batch: int = Field(1, ge=1, description="optimizer updates per rollout batch (>1 uses old log-probs)")
     micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length)")
+    share_prompts: bool = Field(
+        True, description="forward each distinct prompt of a micro-batch once and its rollouts' responses against its keys and "
+                          "values, instead of every row its own copy (Llama-family models with sdpa attention and a vocabulary "
+                          "wider than the hidden state; the same arithmetic, rounded differently; micro-batches then count a "
+                          "prompt's tokens once)")
     rollout_logprobs: bool = Field(
         False, description="record each sampled token's log-prob in the engine and log the sampling gap: mean and max "
                            "|log π_rollout − log π_train| per token (the engine's numerics against the trainer's)")

@@ -64,6 +64,7 @@ class Workload:
     # taut's own settings, for ablations of its optimisations (TRL ignores them)
     fast_decode: bool = True
     micro_batch_tokens: int = 2048
+    share_prompts: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,7 +85,8 @@ def _config(w: Workload):
         "rl": {"steps": w.warmup + w.steps, "prompts_per_step": w.prompts_per_step, "group_size": w.group_size,
                "max_new_tokens": w.max_new_tokens, "min_new_tokens": w.max_new_tokens if w.forced else 0,
                "lr": w.lr, "dynamic_sampling": False, "checkpoint_every": 10**6,
-               "fast_decode": w.fast_decode, "micro_batch_tokens": w.micro_batch_tokens},
+               "fast_decode": w.fast_decode, "micro_batch_tokens": w.micro_batch_tokens,
+               "share_prompts": w.share_prompts},
     })
 
 
@@ -112,7 +114,8 @@ def run_taut(w: Workload) -> dict[str, Any]:
         rewards=[r["reward_time"] for r in records], logprobs=[r["logprob_time"] or 0.0 for r in records],
         update=[r["update_time"] for r in records], tokens=[r["length_mean"] * rows for r in records],
         accuracy=[r["accuracy"] for r in records], rows=rows,
-    ) | {"rows_trained": sum(r.get("rows_trained") or 0 for r in records) / len(records) / rows}
+    ) | {"rows_trained": sum(r.get("rows_trained") or 0 for r in records) / len(records) / rows,
+         "prompts_forwarded": sum(r.get("prompts_forwarded") or 0 for r in records) / len(records) / rows}
 
 
 def run_trl(w: Workload) -> dict[str, Any]:
@@ -188,7 +191,7 @@ def run_trl(w: Workload) -> dict[str, Any]:
         update=[r["step"] - r["generation"] - r["rewards"] for r in rows],
         tokens=[entry["completions/mean_length"] * n for entry in logged],
         accuracy=[entry.get("rewards/task/mean", float("nan")) for entry in logged], rows=n,
-    ) | {"rows_trained": 1.0}                     # TRL forwards every row
+    ) | {"rows_trained": 1.0, "prompts_forwarded": 1.0}          # TRL forwards every row with its prompt
 
 
 def _timed(fn, timers: dict[str, float], name: str):
@@ -297,11 +300,13 @@ def limits(run: dict[str, Any], w: Workload, model: dict[str, Any], rates: dict[
     FLOPs per generated token; per trained token — prompt and completion of each row the update
     forwards — 6·N for full fine-tuning, 4·N with LoRA, whose frozen weights need no gradient)
     at the bf16 matrix-product rate of that phase's shapes, over the time the phase took. taut
-    skips rows of zero advantage (`rows_trained` < 1), so its update is measured on the rows it
-    trains."""
+    skips rows of zero advantage (`rows_trained` < 1) and forwards a prompt once for the rows of a
+    micro-batch that share it (`prompts_forwarded` < 1), so its update is measured on the tokens
+    it trains."""
     n, rows = model["params"], w.prompts_per_step * w.group_size
     generated = run["mean_completion_tokens"] * rows
-    trained = (run["mean_completion_tokens"] + model["prompt_tokens"]) * rows * run.get("rows_trained", 1.0)
+    trained = rows * (run["mean_completion_tokens"] * run.get("rows_trained", 1.0)
+                      + model["prompt_tokens"] * run.get("prompts_forwarded", run.get("rows_trained", 1.0)))
     split = run["split_s_per_step"]
     gen_ideal = 2 * n * generated / (rates["decode bf16"] * 1e9)
     train_ideal = (4 if w.lora else 6) * n * trained / (rates["train bf16"] * 1e9)

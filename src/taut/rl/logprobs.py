@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from taut.models import unwrap
 
@@ -20,10 +21,14 @@ class SequenceBatch:
     response_ids: Tensor     # [N, Tr] right-padded response tokens
     mask: Tensor             # [N, Tr] 1 on response tokens
     rollout_logp: Tensor | None = None   # [N, Tr] the engine's log-probs of the response tokens (NaN: none)
+    prompt_ids: Tensor | None = None     # [U, P] the distinct prompts, right-padded (built with share_prompts)
+    prompt_index: Tensor | None = None   # [N] each row's prompt in prompt_ids
 
     @classmethod
     def build(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device,
-              rollout_logp: list[list[float]] | None = None) -> "SequenceBatch":
+              rollout_logp: list[list[float]] | None = None, share_prompts: bool = False) -> "SequenceBatch":
+        """With `share_prompts`, also the distinct prompts and each row's index into them, for
+        `response_logits` to forward each prompt once (where the model allows it)."""
         n = len(prompts)
         width = max(len(p) + len(r) for p, r in zip(prompts, responses))
         r_width = max(1, max(len(r) for r in responses))
@@ -42,8 +47,17 @@ class SequenceBatch:
                 if values:
                     sampled[i, : len(values)] = torch.tensor(values)
             sampled = sampled.to(device)
+        distinct = index = None
+        if share_prompts:
+            first: dict[tuple[int, ...], int] = {}
+            index = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts], device=device)
+            distinct = torch.full((len(first), max(len(p) for p in first)), pad_id, dtype=torch.long)
+            for p, u in first.items():
+                distinct[u, : len(p)] = torch.tensor(p, dtype=torch.long)
+            distinct = distinct.to(device)
         return cls(ids.to(device), torch.tensor([len(p) for p in prompts], device=device),
-                   torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device), sampled)
+                   torch.tensor([len(r) for r in responses], device=device), resp.to(device), mask.to(device), sampled,
+                   distinct, index)
 
 
 # Architectures whose logits are exactly lm_head(decoder hidden state): no soft-capping, no logit
@@ -65,6 +79,36 @@ def _decoder_and_head(model):
     return decoder, head
 
 
+def shares_prompts(model) -> bool:
+    """True where `response_logits` can forward a prompt once for all the rows that share it: the
+    LM head runs on hidden states (`_decoder_and_head`) and attention is torch's sdpa, which takes
+    the boolean mask that hides the padding between a prompt and its response."""
+    parts = _decoder_and_head(model)
+    return parts is not None and getattr(parts[0].config, "_attn_implementation", None) == "sdpa"
+
+
+def _shared_prompt_hidden(decoder, batch: SequenceBatch) -> Tensor:
+    """Decoder hidden states that predict each response token, [N, Tr, H], with each distinct
+    prompt forwarded once: its keys and values are then indexed per row (so the backward adds up
+    the rows' gradients through them) and the responses are forwarded against them, the padding
+    after a shorter prompt masked out and positions continuing from each row's own prompt. The
+    same arithmetic as one forward per row over prompt + response; rounded differently."""
+    cache = DynamicCache(config=decoder.config)
+    prefix = decoder(input_ids=batch.prompt_ids, cache=cache, use_cache=True).last_hidden_state            # [U, P, H]
+    rows, lens = batch.prompt_index, batch.prompt_lens
+    last = prefix[rows, lens - 1]                               # [N, H]: predicts each response's first token
+    cache.batch_select_indices(rows)
+    width, r_width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    device = batch.response_ids.device
+    key = torch.arange(width + r_width, device=device)                                                  # [P + Tr]
+    query = torch.arange(r_width, device=device)                                                        # [Tr]
+    visible = ((key.view(1, 1, -1) < lens.view(-1, 1, 1))                                              # the row's prompt
+               | ((key.view(1, 1, -1) >= width) & (key.view(1, 1, -1) <= width + query.view(1, -1, 1))))  # its response so far
+    hidden = decoder(input_ids=batch.response_ids, attention_mask=visible.unsqueeze(1), cache=cache, use_cache=True,
+                     position_ids=lens.unsqueeze(1) + query).last_hidden_state                          # [N, Tr, H]
+    return torch.cat([last.unsqueeze(1), hidden[:, :-1]], dim=1)
+
+
 def response_logits(model, batch: SequenceBatch) -> Tensor:
     """The logits that predict each response token, [N, Tr, V] (padding columns repeat a real one).
 
@@ -73,13 +117,17 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:
     alone: no logits for prompt tokens past the shortest prompt, and no gather over the vocabulary.
     Otherwise (the testbed's 37-token vocabulary) the model computes logits from the shortest
     prompt's last position on and the response rows are gathered. Both give the same values; the
-    gradients agree to rounding.
+    gradients agree to rounding. A batch built with `share_prompts` forwards each distinct prompt
+    once where `shares_prompts(model)` (`_shared_prompt_hidden`): the G rollouts of a prompt cost
+    one prompt's forward and backward instead of G.
     """
     width = batch.input_ids.shape[1]
     cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
     parts = _decoder_and_head(model)
     if parts is not None:
         decoder, head = parts
+        if batch.prompt_index is not None and shares_prompts(model):
+            return head(_shared_prompt_hidden(decoder, batch))
         hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
         index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
         picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))        # [N, Tr, H]
@@ -126,6 +174,27 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
             current, longest_if = [], lengths[i]
         current.append(i)
         longest = longest_if
+    if current:
+        groups.append(current)
+    return groups
+
+
+def shared_micro_batches(prompts: list[tuple[int, ...]], response_lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Row indices grouped by similar response length (rows of one prompt together among equal
+    lengths) for forwards that share prompts: a group costs its distinct prompts' padded width
+    once each plus its rows' padded response width, at most `token_budget` tokens."""
+    key: dict[tuple[int, ...], int] = {}
+    ids = [key.setdefault(p, len(key)) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: (response_lengths[i], ids[i]))
+    groups, current, seen, p_width, r_width = [], [], set(), 0, 0
+    for i in order:
+        grown = seen | {ids[i]}
+        p_if, r_if = max(p_width, len(prompts[i])), max(r_width, response_lengths[i], 1)
+        if current and len(grown) * p_if + (len(current) + 1) * r_if > token_budget:
+            groups.append(current)
+            current, grown, p_if, r_if = [], {ids[i]}, len(prompts[i]), max(response_lengths[i], 1)
+        current.append(i)
+        seen, p_width, r_width = grown, p_if, r_if
     if current:
         groups.append(current)
     return groups

@@ -35,14 +35,14 @@ from taut.metrics import mean
 from taut.models import Policy
 from taut.rl.advantages import AdvantageNorm, group_advantages, informative_groups
 from taut.rl.guard import NonFiniteGuard
-from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs
+from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs, shared_micro_batches, shares_prompts
 from taut.rl.losses import aggregation_weights, clipped_policy_loss, sft_loss
 from taut.rl.rollouts import RolloutBatch
 
 log = logging.getLogger(__name__)
 
 LOSS_METRICS = ("loss", "grad_norm", "entropy", "kl", "clip_low_frac", "clip_high_frac", "skipped", "logprob_time", "rows_trained",
-                "sampling_gap", "sampling_gap_max", "is_truncated_frac")
+                "prompts_forwarded", "sampling_gap", "sampling_gap_max", "is_truncated_frac")
 
 
 def resolve_adv_norm(configured: AdvantageNorm | None, strategy: Strategy) -> AdvantageNorm:
@@ -175,13 +175,18 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
     lengths = torch.tensor([len(r) for r in batch.responses])                          # [K*G]
     plan = objective.plan(torch.stack(batch.rewards), lengths, cap)                    # rewards [K, G]
     if not plan.rows:                         # nothing to learn from this batch
-        return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0, "rows_trained": 0}
+        return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0, "rows_trained": 0, "prompts_forwarded": 0}
 
-    chunks = [[plan.rows[j] for j in mb]
-              for mb in micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in plan.rows], cfg.micro_batch_tokens)]
+    share = cfg.share_prompts and shares_prompts(model)        # a prompt's G rollouts: one forward of the prompt
+    if share:
+        groups = shared_micro_batches([tuple(batch.prompts[i]) for i in plan.rows], [len(batch.responses[i]) for i in plan.rows],
+                                      cfg.micro_batch_tokens)
+    else:
+        groups = micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in plan.rows], cfg.micro_batch_tokens)
+    chunks = [[plan.rows[j] for j in mb] for mb in groups]
     sampled = batch.rollout_logp
     sequences = {tuple(c): SequenceBatch.build([batch.prompts[i] for i in c], [batch.responses[i] for i in c], policy.pad_id, model.device,
-                                               rollout_logp=None if sampled is None else [sampled[i] for i in c])
+                                               rollout_logp=None if sampled is None else [sampled[i] for i in c], share_prompts=share)
                  for c in chunks}
     T = objective.temperature
     old_logp = {}
@@ -238,6 +243,8 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch
         "skipped": float(skipped),
         "logprob_time": stats["forward_time"],
         "rows_trained": len(plan.rows),           # rollouts forwarded (those with zero advantage add nothing)
+        "prompts_forwarded": sum(len(seq.prompt_ids) if seq.prompt_index is not None else len(seq.prompt_lens)
+                                 for seq in sequences.values()),      # a shared prompt counts once per micro-batch
         "sampling_gap": gap_sum / gap_tokens if gap_tokens else None,
         "sampling_gap_max": gap_max if gap_tokens else None,
         "is_truncated_frac": stats["is_truncated"] / tokens if cfg.rollout_is != "none" else None,

@@ -1,0 +1,105 @@
+"""A prompt forwarded once for all its rollouts: the same log-probs, entropies and gradients as
+one forward per row (rl.share_prompts)."""
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from taut.rl.logprobs import SequenceBatch, response_logprobs, shared_micro_batches, shares_prompts
+
+
+def _wide_llama(seed=0, attn="sdpa"):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=0, attn_implementation=attn)
+    return LlamaForCausalLM(config)
+
+
+def _groups(seed=0, prompts=3, group=4):
+    """Rows in groups of one prompt each (prompts of different lengths), responses of different
+    lengths, one of them empty; rows of a group not adjacent."""
+    rng = random.Random(seed)
+    distinct = [[rng.randrange(1, 300) for _ in range(rng.randint(3, 15))] for _ in range(prompts)]
+    rows = [(distinct[g], [rng.randrange(1, 300) for _ in range(rng.randint(1, 20))]) for _ in range(group) for g in range(prompts)]
+    rows[4] = (rows[4][0], [])
+    return [p for p, _ in rows], [r for _, r in rows]
+
+
+def _both(model, prompts, responses, **kw):
+    out = []
+    for share in (False, True):
+        seq = SequenceBatch.build(prompts, responses, 0, "cpu", share_prompts=share)
+        out.append((seq, *response_logprobs(model, seq, **kw)))
+    return out
+
+
+def test_a_batch_built_to_share_holds_each_prompt_once():
+    prompts, responses = _groups()
+    seq = SequenceBatch.build(prompts, responses, 0, "cpu", share_prompts=True)
+    assert seq.prompt_ids.shape[0] == 3
+    for i, p in enumerate(prompts):
+        assert seq.prompt_ids[seq.prompt_index[i], : len(p)].tolist() == p
+    assert SequenceBatch.build(prompts, responses, 0, "cpu").prompt_index is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompts_give_each_rows_log_probs_and_entropy(temperature):
+    model = _wide_llama().eval()
+    assert shares_prompts(model)
+    prompts, responses = _groups()
+    (seq, logp, ent), (_, shared_logp, shared_ent) = _both(model, prompts, responses, with_entropy=True, temperature=temperature)
+    mask = seq.mask.bool()
+    torch.testing.assert_close(shared_logp[mask], logp[mask], rtol=0, atol=2e-5)
+    torch.testing.assert_close(shared_ent[mask], ent[mask], rtol=0, atol=2e-5)
+    assert not shared_logp[~mask].any()
+
+
+def test_shared_prompts_give_the_same_gradients():
+    grads = []
+    prompts, responses = _groups(seed=1)
+    for share in (False, True):
+        model = _wide_llama(seed=1)
+        seq = SequenceBatch.build(prompts, responses, 0, "cpu", share_prompts=share)
+        logp, _ = response_logprobs(model, seq)
+        (logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum().backward()
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_through_a_lora_wrapper():
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_wide_llama(seed=2), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.nn.init.normal_(model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight)
+    assert shares_prompts(model)
+    prompts, responses = _groups(seed=2)
+    (seq, logp, _), (_, shared, _) = _both(model, prompts, responses)
+    torch.testing.assert_close(shared[seq.mask.bool()], logp[seq.mask.bool()], rtol=0, atol=2e-5)
+
+
+def test_other_attention_kernels_forward_each_row():
+    model = _wide_llama(attn="eager").eval()
+    assert not shares_prompts(model)
+    prompts, responses = _groups(seed=3)
+    (seq, logp, _), (_, shared, _) = _both(model, prompts, responses)
+    torch.testing.assert_close(shared, logp, rtol=0, atol=0)           # the per-row path, untouched
+
+
+def test_shared_micro_batches_cover_every_row_within_the_budget():
+    rng = random.Random(0)
+    distinct = [tuple(range(rng.randint(20, 60))) for _ in range(6)]
+    prompts = [distinct[i % 6] for i in range(48)]
+    lengths = [rng.randint(1, 90) for _ in prompts]
+    groups = shared_micro_batches(prompts, lengths, 600)
+    assert sorted(i for g in groups for i in g) == list(range(48))
+    for g in groups:
+        cost = len({prompts[i] for i in g}) * max(len(prompts[i]) for i in g) + len(g) * max(lengths[i] for i in g)
+        assert cost <= 600 or len(g) == 1
+    # forced length: a prompt's rows stay together, so each prompt is forwarded about once
+    forced = shared_micro_batches(prompts, [64] * 48, 1200)
+    assert sum(len({prompts[i] for i in g}) for g in forced) <= 6 + len(forced) - 1
