@@ -82,6 +82,17 @@ def test_through_a_lora_wrapper():
     torch.testing.assert_close(shared[seq.mask.bool()], logp[seq.mask.bool()], rtol=0, atol=2e-5)
 
 
+def test_sliding_window_models_forward_each_row():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def mistral(window):
+        return MistralForCausalLM(MistralConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                                                attn_implementation="sdpa"))
+
+    assert not shares_prompts(mistral(16)) and shares_prompts(mistral(None))
+
+
 def test_other_attention_kernels_forward_each_row():
     model = _wide_llama(attn="eager").eval()
     assert not shares_prompts(model)

@@ -222,8 +222,8 @@ class RLConfig(Strict):
     micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length)")
     share_prompts: bool = Field(
         True, description="forward each distinct prompt of a micro-batch once and its rollouts' responses against its keys and "
-                          "values, instead of every row its own copy (Llama-family models with sdpa attention and a vocabulary "
-                          "wider than the hidden state; the same arithmetic, rounded differently; micro-batches then count a "
+                          "values, instead of every row its own copy (Llama-family models with sdpa attention, no sliding window "
+                          "and a vocabulary wider than the hidden state; the same arithmetic, rounded differently; micro-batches then count a "
                           "prompt's tokens once)")
     rollout_logprobs: bool = Field(
         False, description="record each sampled token's log-prob in the engine and log the sampling gap: mean and max "

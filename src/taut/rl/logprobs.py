@@ -81,10 +81,14 @@ def _decoder_and_head(model):
 
 def shares_prompts(model) -> bool:
     """True where `response_logits` can forward a prompt once for all the rows that share it: the
-    LM head runs on hidden states (`_decoder_and_head`) and attention is torch's sdpa, which takes
-    the boolean mask that hides the padding between a prompt and its response."""
+    LM head runs on hidden states (`_decoder_and_head`), attention is torch's sdpa, which takes
+    the boolean mask that hides the padding between a prompt and its response, and no layer
+    attends through a sliding window (which that mask does not apply)."""
     parts = _decoder_and_head(model)
-    return parts is not None and getattr(parts[0].config, "_attn_implementation", None) == "sdpa"
+    if parts is None:
+        return False
+    config = parts[0].config
+    return getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "sliding_window", None) is None
 
 
 def _shared_prompt_hidden(decoder, batch: SequenceBatch) -> Tensor:
