@@ -98,3 +98,22 @@ def test_entropy_as_a_metric_keeps_no_graph():
     _, trained = response_logprobs(model, seq, with_entropy=True, entropy_grad=True)
     assert trained.requires_grad
     torch.testing.assert_close(entropy, trained.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_the_head_runs_on_real_response_tokens_only(share):
+    """Rows padded to the longest response cost no vocabulary-wide work: the LM head sees one
+    row per real response token, and padding's log-probs and entropy are 0."""
+    model = _wide_llama()
+    rng = random.Random(4)
+    prompts = [[rng.randrange(1, 300) for _ in range(8)]] * 3 + [[rng.randrange(1, 300) for _ in range(5)]] * 3
+    responses = [[rng.randrange(1, 300) for _ in range(n)] for n in (2, 30, 7, 1, 12, 0)]
+    seq = SequenceBatch.build(prompts, responses, 0, "cpu", share_prompts=share)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    logp, entropy = response_logprobs(model, seq, with_entropy=True)
+    assert seen == [sum(len(r) for r in responses)]                      # 52 real tokens, not 6 × 30 slots
+    padding = ~seq.mask.bool()
+    assert not logp[padding].any() and not entropy[padding].any()
+    ref, _ = _from_full_logits(model, seq, 1.0)
+    torch.testing.assert_close(logp[~padding], ref[~padding], rtol=0, atol=2e-5)

@@ -125,22 +125,28 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:
     once where `shares_prompts(model)` (`_shared_prompt_hidden`): the G rollouts of a prompt cost
     one prompt's forward and backward instead of G.
     """
-    width = batch.input_ids.shape[1]
-    cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
     parts = _decoder_and_head(model)
     if parts is not None:
-        decoder, head = parts
-        if batch.prompt_index is not None and shares_prompts(model):
-            return head(_shared_prompt_hidden(decoder, batch))
-        hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
-        index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
-        picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))        # [N, Tr, H]
-        return head(picked)
+        return parts[1](_response_hidden(model, parts[0], batch))
+    width = batch.input_ids.shape[1]
+    cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
     first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
     keep = width - first
     logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits       # [N, keep, V]
     index = ((batch.prompt_lens - 1 - first).unsqueeze(1) + cols).clamp(max=keep - 1)            # [N, Tr]
     return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+
+def _response_hidden(model, decoder, batch: SequenceBatch) -> Tensor:
+    """The decoder's hidden states that predict each response token, [N, Tr, H] (padding columns
+    repeat a real one, or, with shared prompts, hold the padding's own)."""
+    if batch.prompt_index is not None and shares_prompts(model):
+        return _shared_prompt_hidden(decoder, batch)
+    width = batch.input_ids.shape[1]
+    cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
+    hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
+    index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
+    return hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))          # [N, Tr, H]
 
 
 def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
@@ -153,18 +159,33 @@ def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
     Right padding needs no attention mask under causal attention: real tokens never attend to
     the padding after them. With `entropy_grad=False` the entropy is a metric: computed without
     autograd, so its vocabulary-wide softmax is freed at once instead of kept for a backward.
+    Where the LM head runs on hidden states (`_decoder_and_head`), it runs on the real response
+    tokens only: rows padded to a micro-batch's longest response (at natural lengths most of a
+    micro-batch's columns) cost no vocabulary-wide work; log-probs and entropy are 0 there.
     """
-    picked = response_logits(model, batch).float()                              # [N, Tr, V]
+    parts = _decoder_and_head(model)
+    real = None
+    if parts is not None:
+        real = batch.mask.bool()
+        picked = parts[1](_response_hidden(model, parts[0], batch)[real]).float()      # [M, V]: real tokens only
+        targets = batch.response_ids[real]
+    else:
+        picked, targets = response_logits(model, batch).float(), batch.response_ids   # [N, Tr, V]
     if temperature != 1.0:
         picked = picked / temperature
-    logz = picked.logsumexp(dim=-1)                                               # [N, Tr]
-    logp = picked.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logz
+    logz = picked.logsumexp(dim=-1)
+    logp = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             source, norm = (picked, logz) if entropy_grad else (picked.detach(), logz.detach())
             entropy = norm - (torch.softmax(source, dim=-1) * source).sum(dim=-1)
-    return logp * batch.mask, entropy
+    if real is None:
+        return logp * batch.mask, entropy
+
+    def spread(values):                                                            # [M] -> [N, Tr], 0 on padding
+        return None if values is None else torch.zeros(real.shape, dtype=values.dtype, device=values.device).masked_scatter(real, values)
+    return spread(logp), spread(entropy)
 
 
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
