@@ -28,7 +28,7 @@ class SequenceBatch:
     def build(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device,
               rollout_logp: list[list[float]] | None = None, share_prompts: bool = False) -> "SequenceBatch":
         """With `share_prompts`, also the distinct prompts and each row's index into them, for
-        `response_logits` to forward each prompt once (where the model allows it)."""
+        `response_logprobs` to forward each prompt once (where the model allows it)."""
         n = len(prompts)
         width = max(len(p) + len(r) for p, r in zip(prompts, responses))
         r_width = max(1, max(len(r) for r in responses))
@@ -80,14 +80,17 @@ def _decoder_and_head(model):
 
 
 def shares_prompts(model) -> bool:
-    """True where `response_logits` can forward a prompt once for all the rows that share it: the
-    LM head runs on hidden states (`_decoder_and_head`), attention is torch's sdpa, which takes
-    the boolean mask that hides the padding between a prompt and its response, and no layer
-    attends through a sliding window (which that mask does not apply)."""
+    """True where a batch built with `share_prompts` has each prompt forwarded once for all the rows
+    that share it: the LM head runs on hidden states (`_decoder_and_head`) and the decoder can."""
     parts = _decoder_and_head(model)
-    if parts is None:
-        return False
-    config = parts[0].config
+    return parts is not None and _decoder_shares(parts[0])
+
+
+def _decoder_shares(decoder) -> bool:
+    """Attention is torch's sdpa, which takes the boolean mask that hides the padding between a
+    prompt and its response, and no layer attends through a sliding window (which that mask does
+    not apply)."""
+    config = decoder.config
     return getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "sliding_window", None) is None
 
 
@@ -113,21 +116,22 @@ def _shared_prompt_hidden(decoder, batch: SequenceBatch) -> Tensor:
     return torch.cat([last.unsqueeze(1), hidden[:, :-1]], dim=1)
 
 
-def response_logits(model, batch: SequenceBatch) -> Tensor:
-    """The logits that predict each response token, [N, Tr, V] (padding columns repeat a real one).
+def _response_hidden(decoder, batch: SequenceBatch) -> Tensor:
+    """The decoder's hidden states that predict each response token, [N, Tr, H] (padding columns
+    hold a real one's or the padding's own; the caller keeps the real ones)."""
+    if batch.prompt_index is not None and _decoder_shares(decoder):
+        return _shared_prompt_hidden(decoder, batch)
+    width = batch.input_ids.shape[1]
+    cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
+    hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
+    index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
+    return hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))          # [N, Tr, H]
 
-    Where the architecture allows it and the vocabulary is the wider (any real tokenizer), the
-    decoder's hidden states are gathered at the response positions and the LM head runs on those
-    alone: no logits for prompt tokens past the shortest prompt, and no gather over the vocabulary.
-    Otherwise (the testbed's 37-token vocabulary) the model computes logits from the shortest
-    prompt's last position on and the response rows are gathered. Both give the same values; the
-    gradients agree to rounding. A batch built with `share_prompts` forwards each distinct prompt
-    once where `shares_prompts(model)` (`_shared_prompt_hidden`): the G rollouts of a prompt cost
-    one prompt's forward and backward instead of G.
-    """
-    parts = _decoder_and_head(model)
-    if parts is not None:
-        return parts[1](_response_hidden(model, parts[0], batch))
+
+def _response_logits(model, batch: SequenceBatch) -> Tensor:
+    """The logits that predict each response token, [N, Tr, V], from the model's own logits (from
+    the shortest prompt's last position on, the response rows gathered; padding columns repeat a
+    real one): for models whose head cannot run on hidden states alone."""
     width = batch.input_ids.shape[1]
     cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
     first = int(batch.prompt_lens.min()) - 1                      # earliest position predicting a response token
@@ -135,18 +139,6 @@ def response_logits(model, batch: SequenceBatch) -> Tensor:
     logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits       # [N, keep, V]
     index = ((batch.prompt_lens - 1 - first).unsqueeze(1) + cols).clamp(max=keep - 1)            # [N, Tr]
     return logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-
-
-def _response_hidden(model, decoder, batch: SequenceBatch) -> Tensor:
-    """The decoder's hidden states that predict each response token, [N, Tr, H] (padding columns
-    repeat a real one, or, with shared prompts, hold the padding's own)."""
-    if batch.prompt_index is not None and shares_prompts(model):
-        return _shared_prompt_hidden(decoder, batch)
-    width = batch.input_ids.shape[1]
-    cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
-    hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
-    index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
-    return hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))          # [N, Tr, H]
 
 
 def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
@@ -159,18 +151,25 @@ def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
     Right padding needs no attention mask under causal attention: real tokens never attend to
     the padding after them. With `entropy_grad=False` the entropy is a metric: computed without
     autograd, so its vocabulary-wide softmax is freed at once instead of kept for a backward.
-    Where the LM head runs on hidden states (`_decoder_and_head`), it runs on the real response
-    tokens only: rows padded to a micro-batch's longest response (at natural lengths most of a
-    micro-batch's columns) cost no vocabulary-wide work; log-probs and entropy are 0 there.
+
+    Where the architecture allows it and the vocabulary is the wider (any real tokenizer), the
+    decoder's hidden states are gathered at the real response tokens and the LM head, the
+    log-softmax and the entropy run on those alone: no logits for prompt tokens, nor for the
+    padding of rows to a micro-batch's longest response (at natural lengths most of its columns);
+    log-probs and entropy are 0 there. A batch built with `share_prompts` then forwards each
+    distinct prompt once (`_shared_prompt_hidden`): the G rollouts of a prompt cost one prompt's
+    forward and backward instead of G. Otherwise (the testbed's 37-token vocabulary) the model's
+    own logits are gathered (`_response_logits`). All give the same values; the gradients agree
+    to rounding.
     """
     parts = _decoder_and_head(model)
     real = None
     if parts is not None:
         real = batch.mask.bool()
-        picked = parts[1](_response_hidden(model, parts[0], batch)[real]).float()      # [M, V]: real tokens only
+        picked = parts[1](_response_hidden(parts[0], batch)[real]).float()            # [M, V]: real tokens only
         targets = batch.response_ids[real]
     else:
-        picked, targets = response_logits(model, batch).float(), batch.response_ids   # [N, Tr, V]
+        picked, targets = _response_logits(model, batch).float(), batch.response_ids  # [N, Tr, V]
     if temperature != 1.0:
         picked = picked / temperature
     logz = picked.logsumexp(dim=-1)
