@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from taut.rl.logprobs import SequenceBatch, response_logprobs, shared_micro_batches, shares_prompts
+from taut.rl.logprobs import SequenceBatch, pack_responses, response_logprobs, shared_micro_batches, shares_prompts
 
 
 def _wide_llama(seed=0, attn="sdpa"):
@@ -101,16 +101,60 @@ def test_other_attention_kernels_forward_each_row():
     torch.testing.assert_close(shared, logp, rtol=0, atol=0)           # the per-row path, untouched
 
 
+def _packed_cost(prompts, lengths, group):
+    width = max(max(lengths[i] for i in group), 1)
+    rows, _ = pack_responses([prompts[i] for i in group], [lengths[i] for i in group], width)
+    return len({prompts[i] for i in group}) * max(len(prompts[i]) for i in group) + len(rows) * width
+
+
 def test_shared_micro_batches_cover_every_row_within_the_budget():
     rng = random.Random(0)
     distinct = [tuple(range(rng.randint(20, 60))) for _ in range(6)]
     prompts = [distinct[i % 6] for i in range(48)]
-    lengths = [rng.randint(1, 90) for _ in prompts]
-    groups = shared_micro_batches(prompts, lengths, 600)
-    assert sorted(i for g in groups for i in g) == list(range(48))
-    for g in groups:
-        cost = len({prompts[i] for i in g}) * max(len(prompts[i]) for i in g) + len(g) * max(lengths[i] for i in g)
-        assert cost <= 600 or len(g) == 1
-    # forced length: a prompt's rows stay together, so each prompt is forwarded about once
+    lengths = [rng.randint(0, 90) for _ in prompts]
+    for budget in (300, 600, 2000):
+        groups = shared_micro_batches(prompts, lengths, budget)
+        assert sorted(i for g in groups for i in g) == list(range(48))
+        for g in groups:
+            assert _packed_cost(prompts, lengths, g) <= budget or len(g) == 1
+        # a prompt's rows stay together: each prompt forwarded about once
+        assert sum(len({prompts[i] for i in g}) for g in groups) <= 6 + len(groups) - 1
     forced = shared_micro_batches(prompts, [64] * 48, 1200)
     assert sum(len({prompts[i] for i in g}) for g in forced) <= 6 + len(forced) - 1
+
+
+def test_packing_lays_a_prompts_responses_end_to_end_in_rows_of_its_own():
+    rng = random.Random(4)
+    prompt_of = [rng.randrange(3) for _ in range(40)]
+    lengths = [rng.randint(0, 30) for _ in prompt_of]
+    rows, place = pack_responses(prompt_of, lengths, 30)
+    taken = set()
+    for i, (b, start) in enumerate(place):
+        if lengths[i] == 0:
+            assert b == -1
+            continue
+        assert rows[b] == prompt_of[i] and start + lengths[i] <= 30
+        slots = {(b, start + t) for t in range(lengths[i])}
+        assert not slots & taken
+        taken |= slots
+    # first fit, longest first: no two rows of one prompt could have been one row
+    used = [sum(lengths[i] for i, (b, _) in enumerate(place) if b == r) for r in range(len(rows))]
+    for a in range(len(rows)):
+        for b in range(a + 1, len(rows)):
+            assert rows[a] != rows[b] or used[a] + used[b] > 30
+    assert len(rows) < sum(n > 0 for n in lengths)
+
+
+def test_shared_prompts_forward_the_responses_packed():
+    """Rollouts of different lengths go through the decoder in fewer rows than there are
+    rollouts: as many as `pack_responses` lays them in."""
+    model = _wide_llama(seed=5).eval()
+    prompts, responses = _groups(seed=5, prompts=2, group=8)
+    seen = []
+    model.model.register_forward_hook(lambda module, args, kwargs, out: seen.append(kwargs["input_ids"].shape), with_kwargs=True)
+    seq = SequenceBatch.build(prompts, responses, 0, "cpu", share_prompts=True)
+    response_logprobs(model, seq)
+    (prompt_rows, _), (rows, width) = seen
+    assert prompt_rows == 2 and width == max(len(r) for r in responses)
+    assert rows == len(pack_responses(seq.prompt_index.tolist(), [len(r) for r in responses], width)[0])
+    assert rows <= 0.75 * len(responses)

@@ -219,12 +219,14 @@ class RLConfig(Strict):
     dynamic_sampling: bool = Field(True, description="drop groups whose shaped rewards are all equal; resample to refill")
     max_sampling_rounds: int = Field(3, ge=1, description="generation rounds per step to refill a dynamic-sampling batch")
     updates_per_batch: int = Field(1, ge=1, description="optimizer updates per rollout batch (>1 uses old log-probs)")
-    micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length)")
+    micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length; "
+                                                             "with share_prompts, a prompt's rows together and their responses packed)")
     share_prompts: bool = Field(
         True, description="forward each distinct prompt of a micro-batch once and its rollouts' responses against its keys and "
                           "values, instead of every row its own copy (Llama-family models with sdpa attention, no sliding window "
                           "and a vocabulary wider than the hidden state; the same arithmetic, rounded differently; micro-batches then count a "
-                          "prompt's tokens once)")
+                          "prompt's tokens once, and its responses are packed end to end in rows as wide as the longest, so that "
+                          "rollouts of different lengths are not each padded to it)")
     rollout_logprobs: bool = Field(
         False, description="record each sampled token's log-prob in the engine and log the sampling gap: mean and max "
                            "|log π_rollout − log π_train| per token (the engine's numerics against the trainer's)")

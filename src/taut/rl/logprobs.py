@@ -94,38 +94,82 @@ def _decoder_shares(decoder) -> bool:
     return getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "sliding_window", None) is None
 
 
-def _shared_prompt_hidden(decoder, batch: SequenceBatch) -> Tensor:
-    """Decoder hidden states that predict each response token, [N, Tr, H], with each distinct
-    prompt forwarded once: its keys and values are then indexed per row (so the backward adds up
-    the rows' gradients through them) and the responses are forwarded against them, the padding
-    after a shorter prompt masked out and positions continuing from each row's own prompt. The
-    same arithmetic as one forward per row over prompt + response; rounded differently."""
+def pack_responses(prompt_of: list[int], lengths: list[int], width: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """Responses laid end to end in rows of `width` columns, each row continuing one prompt: first
+    fit, longest first, a prompt's responses into that prompt's rows only. Returns the prompt of
+    each packed row and each response's (packed row, first column); an empty response takes no
+    room and is placed at (-1, 0)."""
+    rows: list[int] = []
+    free: list[int] = []
+    place = [(-1, 0)] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if lengths[i] == 0:
+            continue
+        b = next((b for b in range(len(rows)) if rows[b] == prompt_of[i] and free[b] >= lengths[i]), None)
+        if b is None:
+            b = len(rows)
+            rows.append(prompt_of[i])
+            free.append(width)
+        place[i] = (b, width - free[b])
+        free[b] -= lengths[i]
+    return rows, place
+
+
+def _shared_prompt_hidden(decoder, batch: SequenceBatch, real: Tensor) -> Tensor:
+    """Decoder hidden states that predict each real response token, [M, H] in the order of
+    `batch.mask`, with each distinct prompt forwarded once and the responses packed.
+
+    The prompts' keys and values are indexed per packed row (so the backward adds up the rows'
+    gradients through them); each packed row holds responses of one prompt end to end
+    (`pack_responses`, rows as wide as the longest response), and each response token sees its
+    prompt (not the padding after a shorter one) and its own response so far, at positions
+    continuing from the prompt. At natural lengths, where most of a micro-batch's responses are
+    shorter than its longest, this forwards a fraction of the padded rows' columns. The same
+    arithmetic as one forward per row over prompt + response; rounded differently."""
+    device = batch.response_ids.device
+    lens, index = batch.prompt_lens, batch.prompt_index
+    n_prompts, width = batch.prompt_ids.shape
+    r_width = batch.response_ids.shape[1]
     cache = DynamicCache(config=decoder.config)
     prefix = decoder(input_ids=batch.prompt_ids, cache=cache, use_cache=True).last_hidden_state            # [U, P, H]
-    rows, lens = batch.prompt_index, batch.prompt_lens
-    last = prefix[rows, lens - 1]                               # [N, H]: predicts each response's first token
-    cache.batch_select_indices(rows)
-    width, r_width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    device = batch.response_ids.device
-    key = torch.arange(width + r_width, device=device)                                                  # [P + Tr]
-    query = torch.arange(r_width, device=device)                                                        # [Tr]
-    visible = ((key.view(1, 1, -1) < lens.view(-1, 1, 1))                                              # the row's prompt
-               | ((key.view(1, 1, -1) >= width) & (key.view(1, 1, -1) <= width + query.view(1, -1, 1))))  # its response so far
-    hidden = decoder(input_ids=batch.response_ids, attention_mask=visible.unsqueeze(1), cache=cache, use_cache=True,
-                     position_ids=lens.unsqueeze(1) + query).last_hidden_state                          # [N, Tr, H]
-    return torch.cat([last.unsqueeze(1), hidden[:, :-1]], dim=1)
+    prompt_lens = torch.zeros(n_prompts, dtype=lens.dtype, device=device).scatter(0, index, lens)           # [U]
+    last = prefix[torch.arange(n_prompts, device=device), prompt_lens - 1]       # [U, H]: predicts a response's first token
+    rows, place = pack_responses(index.tolist(), batch.response_lens.tolist(), r_width)
+    cols = torch.arange(r_width, device=device)
+    at = torch.tensor([b * r_width + s for b, s in place], device=device)      # each response's first slot in the packed rows
+    dest = (at.unsqueeze(1) + cols)[real]                                          # [M]: each real token's slot
+    first = cols.expand_as(real)[real] == 0
+    if not rows:                                                                   # every response empty
+        return last[index.new_zeros(0)]
+    packed = torch.zeros(len(rows) * r_width, dtype=torch.long, device=device)        # any token: masked
+    packed[dest] = batch.response_ids[real]
+    segment = torch.full((len(rows) * r_width,), -1, dtype=torch.long, device=device)
+    segment[dest] = torch.arange(len(place), device=device).unsqueeze(1).expand_as(real)[real]
+    offset = torch.zeros(len(rows) * r_width, dtype=torch.long, device=device)
+    offset[dest] = cols.expand_as(real)[real]
+    segment, offset = segment.view(len(rows), r_width), offset.view(len(rows), r_width)
+    bins = torch.tensor(rows, device=device)
+    cache.batch_select_indices(bins)
+    own_prompt = torch.arange(width, device=device).view(1, 1, -1) < prompt_lens[bins].view(-1, 1, 1)     # [B, 1, P]
+    own_response = ((segment.unsqueeze(2) == segment.unsqueeze(1)) & (segment.unsqueeze(2) >= 0)
+                    & (cols.view(1, 1, -1) <= cols.view(1, -1, 1)))                                       # [B, Tr, Tr]
+    visible = torch.cat([own_prompt.expand(-1, r_width, -1), own_response], dim=2)                       # [B, Tr, P + Tr]
+    hidden = decoder(input_ids=packed.view(len(rows), r_width), attention_mask=visible.unsqueeze(1), cache=cache,
+                     use_cache=True, position_ids=prompt_lens[bins].unsqueeze(1) + offset).last_hidden_state  # [B, Tr, H]
+    source = torch.cat([last, hidden.reshape(-1, hidden.shape[-1])])
+    return source[torch.where(first, index.unsqueeze(1).expand_as(real)[real], n_prompts + dest - 1)]
 
 
-def _response_hidden(decoder, batch: SequenceBatch) -> Tensor:
-    """The decoder's hidden states that predict each response token, [N, Tr, H] (padding columns
-    hold a real one's or the padding's own; the caller keeps the real ones)."""
+def _response_hidden(decoder, batch: SequenceBatch, real: Tensor) -> Tensor:
+    """The decoder's hidden states that predict each real response token, [M, H] in the order of
+    `batch.mask`."""
     if batch.prompt_index is not None and _decoder_shares(decoder):
-        return _shared_prompt_hidden(decoder, batch)
+        return _shared_prompt_hidden(decoder, batch, real)
     width = batch.input_ids.shape[1]
     cols = torch.arange(batch.response_ids.shape[1], device=batch.input_ids.device).unsqueeze(0)
     hidden = decoder(input_ids=batch.input_ids, use_cache=False).last_hidden_state          # [N, T, H]
     index = (batch.prompt_lens.unsqueeze(1) - 1 + cols).clamp(max=width - 1)               # [N, Tr]
-    return hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))          # [N, Tr, H]
+    return hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))[real]    # [M, H]
 
 
 def _response_logits(model, batch: SequenceBatch) -> Tensor:
@@ -166,7 +210,7 @@ def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
     real = None
     if parts is not None:
         real = batch.mask.bool()
-        picked = parts[1](_response_hidden(parts[0], batch)[real]).float()            # [M, V]: real tokens only
+        picked = parts[1](_response_hidden(parts[0], batch, real)).float()            # [M, V]: real tokens only
         targets = batch.response_ids[real]
     else:
         picked, targets = _response_logits(model, batch).float(), batch.response_ids  # [N, Tr, V]
@@ -204,21 +248,35 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 
 def shared_micro_batches(prompts: list[tuple[int, ...]], response_lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Row indices grouped by similar response length (rows of one prompt together among equal
-    lengths) for forwards that share prompts: a group costs its distinct prompts' padded width
-    once each plus its rows' padded response width, at most `token_budget` tokens."""
+    """Row indices grouped for forwards that share prompts and pack responses
+    (`_shared_prompt_hidden`): a prompt's rows together, longest first, so that a prompt is
+    forwarded in as few groups as the budget allows. A group costs its distinct prompts' padded
+    width once each plus its packed rows (`pack_responses`, as wide as its longest response), at
+    most `token_budget` tokens."""
     key: dict[tuple[int, ...], int] = {}
     ids = [key.setdefault(p, len(key)) for p in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: (response_lengths[i], ids[i]))
-    groups, current, seen, p_width, r_width = [], [], set(), 0, 0
+    order = sorted(range(len(prompts)), key=lambda i: (ids[i], -response_lengths[i], i))
+
+    def packed_rows(lengths: list[int], width: int) -> int:
+        return len(pack_responses([0] * len(lengths), lengths, width)[0])
+
+    groups: list[list[int]] = []
+    current: list[int] = []
+    lengths: dict[int, list[int]] = {}        # the group's response lengths per prompt
+    rows: dict[int, int] = {}                 # the group's packed rows per prompt
+    p_width = r_width = 0
     for i in order:
-        grown = seen | {ids[i]}
-        p_if, r_if = max(p_width, len(prompts[i])), max(r_width, response_lengths[i], 1)
-        if current and len(grown) * p_if + (len(current) + 1) * r_if > token_budget:
+        u, n = ids[i], response_lengths[i]
+        p_if, r_if = max(p_width, len(prompts[i])), max(r_width, n, 1)
+        lengths_if = lengths | {u: lengths.get(u, []) + [n]}
+        changed = lengths_if if r_if != r_width else {u: lengths_if[u]}      # a wider row repacks every prompt
+        rows_if = rows | {v: packed_rows(ls, r_if) for v, ls in changed.items()}
+        if current and len(rows_if) * p_if + sum(rows_if.values()) * r_if > token_budget:
             groups.append(current)
-            current, grown, p_if, r_if = [], {ids[i]}, len(prompts[i]), max(response_lengths[i], 1)
+            current, p_if, r_if = [], len(prompts[i]), max(n, 1)
+            lengths_if, rows_if = {u: [n]}, {u: packed_rows([n], r_if)}
         current.append(i)
-        seen, p_width, r_width = grown, p_if, r_if
+        lengths, rows, p_width, r_width = lengths_if, rows_if, p_if, r_if
     if current:
         groups.append(current)
     return groups
