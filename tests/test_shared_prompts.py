@@ -123,6 +123,16 @@ def test_shared_micro_batches_cover_every_row_within_the_budget():
     assert sum(len({prompts[i] for i in g}) for g in forced) <= 6 + len(forced) - 1
 
 
+def test_shared_micro_batches_are_even():
+    """4 prompts x 8 forced rollouts over a budget a little short of all of them: two halves of
+    two prompts each, not 28 rows and a remnant of 4 that forwards a prompt again."""
+    prompts = [tuple(range(60))] * 8 + [tuple(range(1, 61))] * 8 + [tuple(range(2, 62))] * 8 + [tuple(range(3, 63))] * 8
+    groups = shared_micro_batches(prompts, [64] * 32, 2048)
+    assert sorted(len(g) for g in groups) == [16, 16]
+    assert [len({prompts[i] for i in g}) for g in groups] == [2, 2]
+    assert shared_micro_batches(prompts, [64] * 32, 4096) == [list(range(32))]
+
+
 def test_packing_lays_a_prompts_responses_end_to_end_in_rows_of_its_own():
     rng = random.Random(4)
     prompt_of = [rng.randrange(3) for _ in range(40)]

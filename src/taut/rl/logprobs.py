@@ -252,7 +252,9 @@ def shared_micro_batches(prompts: list[tuple[int, ...]], response_lengths: list[
     (`_shared_prompt_hidden`): a prompt's rows together, longest first, so that a prompt is
     forwarded in as few groups as the budget allows. A group costs its distinct prompts' padded
     width once each plus its packed rows (`pack_responses`, as wide as its longest response), at
-    most `token_budget` tokens."""
+    most `token_budget` tokens. The groups are as even as their number allows (the smallest
+    budget that needs no more of them): two halves rather than a full group and a remnant, which
+    would forward a prompt twice and run small products."""
     key: dict[tuple[int, ...], int] = {}
     ids = [key.setdefault(p, len(key)) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: (ids[i], -response_lengths[i], i))
@@ -260,23 +262,34 @@ def shared_micro_batches(prompts: list[tuple[int, ...]], response_lengths: list[
     def packed_rows(lengths: list[int], width: int) -> int:
         return len(pack_responses([0] * len(lengths), lengths, width)[0])
 
-    groups: list[list[int]] = []
-    current: list[int] = []
-    lengths: dict[int, list[int]] = {}        # the group's response lengths per prompt
-    rows: dict[int, int] = {}                 # the group's packed rows per prompt
-    p_width = r_width = 0
-    for i in order:
-        u, n = ids[i], response_lengths[i]
-        p_if, r_if = max(p_width, len(prompts[i])), max(r_width, n, 1)
-        lengths_if = lengths | {u: lengths.get(u, []) + [n]}
-        changed = lengths_if if r_if != r_width else {u: lengths_if[u]}      # a wider row repacks every prompt
-        rows_if = rows | {v: packed_rows(ls, r_if) for v, ls in changed.items()}
-        if current and len(rows_if) * p_if + sum(rows_if.values()) * r_if > token_budget:
+    def greedy(budget: int) -> list[list[int]]:
+        groups: list[list[int]] = []
+        current: list[int] = []
+        lengths: dict[int, list[int]] = {}        # the group's response lengths per prompt
+        rows: dict[int, int] = {}                 # the group's packed rows per prompt
+        p_width = r_width = 0
+        for i in order:
+            u, n = ids[i], response_lengths[i]
+            p_if, r_if = max(p_width, len(prompts[i])), max(r_width, n, 1)
+            lengths_if = lengths | {u: lengths.get(u, []) + [n]}
+            changed = lengths_if if r_if != r_width else {u: lengths_if[u]}      # a wider row repacks every prompt
+            rows_if = rows | {v: packed_rows(ls, r_if) for v, ls in changed.items()}
+            if current and len(rows_if) * p_if + sum(rows_if.values()) * r_if > budget:
+                groups.append(current)
+                current, p_if, r_if = [], len(prompts[i]), max(n, 1)
+                lengths_if, rows_if = {u: [n]}, {u: packed_rows([n], r_if)}
+            current.append(i)
+            lengths, rows, p_width, r_width = lengths_if, rows_if, p_if, r_if
+        if current:
             groups.append(current)
-            current, p_if, r_if = [], len(prompts[i]), max(n, 1)
-            lengths_if, rows_if = {u: [n]}, {u: packed_rows([n], r_if)}
-        current.append(i)
-        lengths, rows, p_width, r_width = lengths_if, rows_if, p_if, r_if
-    if current:
-        groups.append(current)
-    return groups
+        return groups
+
+    groups = greedy(token_budget)
+    low, high = 1, token_budget
+    while len(groups) > 1 and low < high:              # the smallest budget that needs no more groups
+        mid = (low + high) // 2
+        if len(greedy(mid)) <= len(groups):
+            high = mid
+        else:
+            low = mid + 1
+    return greedy(high) if len(groups) > 1 else groups
