@@ -168,3 +168,11 @@ def test_shared_prompts_forward_the_responses_packed():
     assert prompt_rows == 2 and width == max(len(r) for r in responses)
     assert rows == len(pack_responses(seq.prompt_index.tolist(), [len(r) for r in responses], width)[0])
     assert rows <= 0.75 * len(responses)
+
+
+def test_a_micro_batch_of_empty_responses_forwards_no_packed_rows():
+    model = _wide_llama(seed=6)
+    seq = SequenceBatch.build([[5, 6, 7], [5, 6, 7], [8, 9]], [[], [], []], 0, "cpu", share_prompts=True)
+    logp, entropy = response_logprobs(model, seq, with_entropy=True)
+    assert logp.shape == (3, 1) and not logp.any() and not entropy.any()
+    logp.sum().backward()                     # connected to the graph, nothing to add
