@@ -135,29 +135,26 @@ def _shared_prompt_hidden(decoder, batch: SequenceBatch, real: Tensor) -> Tensor
     prompt_lens = torch.zeros(n_prompts, dtype=lens.dtype, device=device).scatter(0, index, lens)           # [U]
     last = prefix[torch.arange(n_prompts, device=device), prompt_lens - 1]       # [U, H]: predicts a response's first token
     rows, place = pack_responses(index.tolist(), batch.response_lens.tolist(), r_width)
-    cols = torch.arange(r_width, device=device)
-    at = torch.tensor([b * r_width + s for b, s in place], device=device)      # each response's first slot in the packed rows
-    dest = (at.unsqueeze(1) + cols)[real]                                          # [M]: each real token's slot
-    first = cols.expand_as(real)[real] == 0
     if not rows:                                                                   # every response empty
         return last[index.new_zeros(0)]
-    packed = torch.zeros(len(rows) * r_width, dtype=torch.long, device=device)        # any token: masked
-    packed[dest] = batch.response_ids[real]
-    segment = torch.full((len(rows) * r_width,), -1, dtype=torch.long, device=device)
-    segment[dest] = torch.arange(len(place), device=device).unsqueeze(1).expand_as(real)[real]
-    offset = torch.zeros(len(rows) * r_width, dtype=torch.long, device=device)
-    offset[dest] = cols.expand_as(real)[real]
-    segment, offset = segment.view(len(rows), r_width), offset.view(len(rows), r_width)
+    row, t = real.nonzero(as_tuple=True)                                           # [M]: each real token's rollout and column
+    at = torch.tensor([b * r_width + s for b, s in place], device=device)         # each response's first slot in the packed rows
+    dest = at[row] + t                                                             # [M]: each real token's slot
+    slots = len(rows) * r_width
+    packed = torch.zeros(slots, dtype=torch.long, device=device).index_put_((dest,), batch.response_ids[real])  # padding: masked
+    segment = torch.full((slots,), -1, dtype=torch.long, device=device).index_put_((dest,), row).view(len(rows), r_width)
+    offset = torch.zeros(slots, dtype=torch.long, device=device).index_put_((dest,), t).view(len(rows), r_width)
     bins = torch.tensor(rows, device=device)
     cache.batch_select_indices(bins)
+    cols = torch.arange(r_width, device=device)
     own_prompt = torch.arange(width, device=device).view(1, 1, -1) < prompt_lens[bins].view(-1, 1, 1)     # [B, 1, P]
     own_response = ((segment.unsqueeze(2) == segment.unsqueeze(1)) & (segment.unsqueeze(2) >= 0)
                     & (cols.view(1, 1, -1) <= cols.view(1, -1, 1)))                                       # [B, Tr, Tr]
     visible = torch.cat([own_prompt.expand(-1, r_width, -1), own_response], dim=2)                       # [B, Tr, P + Tr]
     hidden = decoder(input_ids=packed.view(len(rows), r_width), attention_mask=visible.unsqueeze(1), cache=cache,
                      use_cache=True, position_ids=prompt_lens[bins].unsqueeze(1) + offset).last_hidden_state  # [B, Tr, H]
-    source = torch.cat([last, hidden.reshape(-1, hidden.shape[-1])])
-    return source[torch.where(first, index.unsqueeze(1).expand_as(real)[real], n_prompts + dest - 1)]
+    source = torch.cat([last, hidden.reshape(slots, -1)])     # a response's first token from its prompt's last position
+    return source[torch.where(t == 0, index[row], n_prompts + dest - 1)]
 
 
 def _response_hidden(decoder, batch: SequenceBatch, real: Tensor) -> Tensor:
