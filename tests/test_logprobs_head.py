@@ -4,19 +4,11 @@ import random
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from taut.models import build_testbed_model
 from taut.rl.logprobs import SequenceBatch, _decoder_and_head, response_logprobs
-
-
-def _wide_llama(seed=0):
-    """A Llama whose vocabulary (300) is wider than its hidden state (32), as every real model's is."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True, pad_token_id=0)
-    return LlamaForCausalLM(config).eval()
+from wide import assert_same_gradients, weighted_gradients, wide_llama as _wide_llama
 
 
 def _sequences(vocab, seed=0, n=6, empty=True):
@@ -71,10 +63,8 @@ def test_gradients_match_full_logits():
             logp = logp * seq.mask
         else:
             logp, _ = response_logprobs(model, seq)
-        (logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum().backward()
-        grads.append({k: p.grad for k, p in model.named_parameters()})
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+        grads.append(weighted_gradients(model, logp))
+    assert_same_gradients(grads[0], grads[1])
 
 
 def test_through_a_lora_wrapper():

@@ -62,15 +62,12 @@ def test_micro_batching_and_row_skipping_keep_the_gradient(tiny_policy):
 def test_shared_prompts_keep_the_gradient(tiny_policy):
     """A model whose vocabulary is wider than its hidden state (as every real model's is) takes the
     shared-prompt forward (rl.share_prompts): each prompt once per micro-batch, same gradient."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from wide import wide_llama
 
     from taut.rl.logprobs import shares_prompts
 
-    torch.manual_seed(0)
     wide = copy.copy(tiny_policy)
-    wide.model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                              pad_token_id=tiny_policy.pad_id, attn_implementation="sdpa"))
+    wide.model = wide_llama(pad_id=tiny_policy.pad_id).train()
     assert shares_prompts(wide.model)
     batch = _batch(tiny_policy)
     reference = _reference_grads(wide, batch, RLConfig())
