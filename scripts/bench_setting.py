@@ -1,6 +1,6 @@
 """taut's trainer with one of its speed settings on and off, on the speed benchmark's real
 workload (SmolLM2-135M-Instruct, one-digit arithmetic): `keep_freed_memory` (model; taut.allocator)
-or `share_prompts` (rl; prompts forwarded once for their rollouts). Fresh worker processes of
+or `share_prompts` (rl; prompts forwarded once for their rollouts, responses packed). Fresh worker processes of
 `taut bench speed` alternate A/B, each running `--warmup` untimed steps and `--steps` timed ones.
 Prints per pair the update's seconds per step (log-probs forward + backward + optimizer) and
 steps/s of both settings, then the median ratio of each.
