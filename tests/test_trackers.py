@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,9 @@ def test_wandb_offline_writes_its_run_folder_and_resume_keeps_the_run(tmp_path, 
     assert [row.get("phase") for row in rows] == ["accuracy", None, None, None, "compression"]   # when it changes
     assert [row.get("strategy") for row in rows] == [None, "siri", None, None, "mastery-gated"]
     assert logged_config["report_to"] == ["wandb"] and logged_config["rl"]["steps"] == 3
+    # wandb names an offline run's folder by the second the run started: a resume within the same
+    # second as the first start (only this fast test does that) would reuse the first folder
+    time.sleep(1.05 - time.time() % 1)
     with open_trackers(config("wandb"), run, resume_step=3) as trackers:
         trackers.log({**RECORDS[-1], "step": 4, "cap": 80})
     wandb.teardown()
