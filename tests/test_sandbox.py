@@ -52,7 +52,7 @@ def test_an_infinite_loop_is_stopped_by_the_cpu_limit():
     t0 = time.perf_counter()
     generous_wall = Limits(cpu_seconds=1, wall_seconds=30.0)          # on a busy machine 1 s of CPU takes longer
     out = run_python("while True:\n    pass", generous_wall)
-    assert not out.passed and out.status in ("signal SIGXCPU", "signal SIGKILL")
+    assert not out.passed and out.status == "signal SIGXCPU"      # the soft limit, not the hard one a second later
     assert time.perf_counter() - t0 < 20
 
 

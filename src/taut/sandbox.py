@@ -155,8 +155,22 @@ launcher = os.getpid()
 child = os.fork()
 if child == 0:
     try:
-        if cfg["pid_namespace"] and cfg["mounts"]:
-            mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None)
+        parent = launcher
+        if cfg["pid_namespace"]:
+            if cfg["mounts"]:
+                mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None)
+            # This process is the new PID namespace's init, and the kernel drops every signal whose
+            # action is the default for an init: as init, the program would ignore SIGXCPU and run
+            # on to the CPU hard limit. So this one stays init (reaping orphans, passing the
+            # program's status on) and the program runs as its child.
+            parent = os.getpid()
+            program = os.fork()
+            if program:
+                os.close(errors)
+                while True:
+                    pid, status = os.wait()
+                    if pid == program:
+                        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
         for name, value in cfg["rlimits"].items():
             hard = value + 1 if name == "RLIMIT_CPU" else value          # SIGXCPU at the limit, SIGKILL a second later
             resource.setrlimit(getattr(resource, name), (value, hard))
@@ -166,8 +180,8 @@ if child == 0:
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
         libc.prctl(1, signal.SIGKILL)                     # PR_SET_PDEATHSIG: die with the launcher
         libc.prctl(38, 1, 0, 0, 0)                        # PR_SET_NO_NEW_PRIVS
-        if not cfg["pid_namespace"] and os.getppid() != launcher:
-            os._exit(137)                                 # the launcher was killed before PDEATHSIG was set
+        if os.getppid() != parent:
+            os._exit(137)                                 # the parent was killed before PDEATHSIG was set
         os.execve(cfg["python"], [cfg["python"], "-I", "-S", "program.py"], cfg["env"])
     except BaseException as err:
         os.write(errors, f"starting the program failed: {err!r}".encode())
