@@ -66,9 +66,9 @@ bench-speed: $(STAMP)
 	$(BIN)/taut bench speed --vs trl
 
 # SmolLM2-135M against TRL, the full protocol: 8 prompts x 8 completions up to 96 tokens, 5 pairs per
-# mode, one timed step after a warm-up (docs/performance.md)
+# mode, one timed step after three warm-up steps (a process's heap peaks in about three; docs/performance.md)
 bench-speed-real: $(STAMP)
-	$(BIN)/taut bench speed --vs trl --real --steps 1 --out runs/bench-speed-real.json
+	$(BIN)/taut bench speed --vs trl --real --warmup 3 --steps 1 --out runs/bench-speed-real.json
 
 # The overthinking study on SmolLM2-135M-Instruct (docs/real-models.md): the four recipes
 # recipes/real/smollm2-arith-*.yaml trained, evaluated sampled and greedy, compared; the table in
