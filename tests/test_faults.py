@@ -457,6 +457,20 @@ def test_cli_refuses_a_used_run_directory_and_a_locked_one(tmp_path, monkeypatch
     assert code == 2 and f"(PID {os.getpid()})" in _one_line(err)
 
 
+def test_cli_demo_refuses_a_used_run_directory_and_a_locked_one(tmp_path, monkeypatch, capsys):
+    """`taut demo --out` into another run's directory replaced that run's metrics without asking."""
+    run = tmp_path / "run"
+    _fake_run(run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    code, err = _main(monkeypatch, capsys, "demo", "--out", str(run), "--quiet")
+    assert code == 2 and "already holds a run" in _one_line(err) and "--resume" not in err     # demo has no --resume
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != LOCK_FILE} == before
+    with claim_run_dir(run, resume=True, overwrite=False):
+        code, err = _main(monkeypatch, capsys, "demo", "--out", str(run), "--overwrite", "--quiet")
+    assert code == 2 and f"(PID {os.getpid()})" in _one_line(err)
+    assert (run / "metrics.jsonl").exists()                   # --overwrite removes nothing while another holds it
+
+
 def test_cli_eval_of_a_run_without_an_intact_checkpoint(saved_run, tmp_path, monkeypatch, capsys):
     import shutil
 

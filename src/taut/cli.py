@@ -241,9 +241,12 @@ def _check_target(target: Path) -> None:
 
 @app.command()
 def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_run: DryOpt = False,
-         config: Annotated[Path, typer.Option("--config", "-c", metavar="RECIPE", help="the demo's recipe")] = Path("builtin:demo")):
+         config: Annotated[Path, typer.Option("--config", "-c", metavar="RECIPE", help="the demo's recipe")] = Path("builtin:demo"),
+         overwrite: OverwriteOpt = False):
     """The shipped SFT checkpoint → an accuracy phase → a compression phase on the testbed,
     evaluated at each stage, then the report."""
+    from taut.rundir import claim_run_dir
+    from taut.runlog import default_run_dir
     from taut.workflows import run_demo
 
     cfg = _config(config, set)
@@ -251,7 +254,8 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
         _print_config(cfg)
         out_console.print(plan_table(cfg))
         return
-    run_dir, report = run_demo(cfg, out, quiet=quiet)
+    with claim_run_dir(out or default_run_dir("demo"), resume=False, overwrite=overwrite, resumable=False) as run_dir:
+        run_dir, report = run_demo(cfg, run_dir, quiet=quiet)
     _next(f"run: {run_dir}\nreport: {report}", f"taut compare {run_dir} <another run> --out runs/compare")
 
 

@@ -39,9 +39,10 @@ def run_files(run_dir: Path) -> list[str]:
 
 
 @contextmanager
-def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
+def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, resumable: bool = True) -> Iterator[Path]:
     """Hold `run_dir` exclusively for one run: refuse one that holds another run unless resuming
-    it or overwriting it, and lock out other processes until the block ends."""
+    it or overwriting it, and lock out other processes until the block ends. `resumable`: whether
+    the command has a `--resume` to suggest."""
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirError("--resume continues a run and --overwrite replaces it: choose one")
@@ -65,8 +66,9 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[P
         existing = run_files(run_dir)
         if existing and not resume:
             if not overwrite:
-                raise RunDirError(f"{run_dir} already holds a run ({', '.join(existing)}): continue it with "
-                                  f"--resume {run_dir}, replace it with --overwrite, or choose another --out")
+                resume_hint = f"continue it with --resume {run_dir}, " if resumable else ""
+                raise RunDirError(f"{run_dir} already holds a run ({', '.join(existing)}): {resume_hint}"
+                                  f"replace it with --overwrite, or choose another --out")
             for name in existing:
                 path = run_dir / name
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
