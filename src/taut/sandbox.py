@@ -178,7 +178,7 @@ if child == 0:
             os.setgroups([])
             os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-        libc.prctl(1, signal.SIGKILL)                     # PR_SET_PDEATHSIG: die with the launcher
+        libc.prctl(1, signal.SIGKILL)                     # PR_SET_PDEATHSIG: die with its parent
         libc.prctl(38, 1, 0, 0, 0)                        # PR_SET_NO_NEW_PRIVS
         if os.getppid() != parent:
             os._exit(137)                                 # the parent was killed before PDEATHSIG was set
