@@ -46,9 +46,13 @@ def main() -> None:
             parser.error(f"{args.setting} is on or off: no --values")
         values = {"on": True, "off": False}
     else:
-        if not args.values or len(args.values.split(",")) != 2:
-            parser.error(f"{args.setting} needs --values A,B")
-        values = {v: int(v) for v in args.values.split(",")}
+        try:
+            a, b = (int(v) for v in (args.values or "").split(","))
+        except ValueError:
+            parser.error(f"{args.setting} needs --values A,B: two whole numbers")
+        if a == b:
+            parser.error(f"--values compares two different values, got {a} twice")
+        values = {str(a): a, str(b): b}
     settings = {name: dataclasses.replace(base, **{args.setting: value}) for name, value in values.items()}
     first, second = settings
     runs: dict[str, list[dict]] = {name: [] for name in settings}

@@ -87,7 +87,7 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, qu
     return result, out
 
 
-def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> tuple[Path, Path]:
+def run_demo(config: RunConfig, run_dir: Path, quiet: bool = False) -> tuple[Path, Path]:
     """RL from the shipped SFT checkpoint on the testbed, evaluated at the start and at the end
     of every phase, then the report. Returns the run directory and the report's path."""
     import json
@@ -95,9 +95,8 @@ def run_demo(config: RunConfig, out: Path | None, quiet: bool = False) -> tuple[
     from taut.checkpoint import step_name
     from taut.report import write_run_report
     from taut.rl.trainer import train_rl
-    from taut.runlog import default_run_dir
 
-    run_dir = Path(out or default_run_dir("demo"))
+    run_dir = Path(run_dir)
     t0 = time.perf_counter()
     plan = " → ".join(f"{p.name} ({p.strategy.name}, {p.steps} steps)" for p in config.plan())
     console.print(f"[bold]taut demo[/bold]: from {config.model.path}: {plan} → {run_dir}")
