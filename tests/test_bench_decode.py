@@ -26,3 +26,13 @@ def test_two_trees_alternate_and_the_report_gives_rates_shares_and_the_ratio():
     shares = re.findall(r"^(a|b): (\d+) tokens/s, (\d+)% of the bf16 limit", out, re.M)
     assert [s[0] for s in shares] == ["a", "b"] and all(int(s[1]) > 0 for s in shares)
     assert re.search(r"b/a: \d+\.\d\d× \(pairs \d+\.\d\d\)", out)
+
+
+def test_split_reports_products_attention_and_the_ceiling_without_the_rest():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/bench_decode.py"), "--split", "--prompts", "2", "--n", "2",
+                          "--tokens", "6"], check=True, capture_output=True, text=True).stdout
+    step = re.search(r"matrix products (\d+\.\d) ms \(\d+% of the limit's rate\), attention (\d+\.\d) ms, the rest (-?\d+\.\d) ms", out)
+    assert step and float(step[1]) > 0 and float(step[2]) > 0
+    share = int(re.search(r"generate call [\d.]+ s unprofiled: \d+ tokens/s, (\d+)% of the limit", out)[1])
+    ceiling = int(re.search(r"if everything but the products and attention took no time: (\d+)% of the limit", out)[1])
+    assert 0 < share <= ceiling
