@@ -615,3 +615,27 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_with_a_warning(tmp_path, 
     strip = lambda run: [{k: v for k, v in json.loads(line).items() if not k.endswith(("_time", "_per_s"))}  # noqa: E731
                          for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert strip(torn) == strip(clean)
+
+
+def _toy_sft(tmp_path, **sft):
+    from taut.config import RunConfig
+    from taut.sft import train_sft
+
+    config = RunConfig.model_validate({
+        "seed": 0, "model": {"preset": "tiny", "threads": 1}, "data": {"sft": ["gym:add"]},
+        "sft": {"steps": 5, "batch_size": 4, "bucket_batches": 1, "warmup_steps": 0, "log_every": 1, **sft},
+    })
+    return train_sft(config, tmp_path, quiet=True)
+
+
+@pytest.mark.parametrize("undo", [True, False])
+def test_sft_undoes_or_stops_on_non_finite_weights_and_names_its_own_keys(tmp_path, monkeypatch, undo):
+    import taut.rl.guard as guard
+
+    monkeypatch.setattr(guard, "first_nonfinite", lambda params: "lm_head.weight")   # every step "overflows"
+    if undo:
+        with pytest.raises(TrainingDiverged, match=r"2 optimizer steps in a row.*sft\.max_nonfinite_skips sets the limit"):
+            _toy_sft(tmp_path, max_nonfinite_skips=2)
+    else:
+        with pytest.raises(TrainingDiverged, match=r"sft step 1 .*no snapshot.*set sft\.undo_nonfinite_steps: true"):
+            _toy_sft(tmp_path, max_nonfinite_skips=2, undo_nonfinite_steps=False)

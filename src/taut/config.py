@@ -188,6 +188,10 @@ class SFTConfig(Strict):
     log_every: int = Field(50, gt=0)
     checkpoint_every: int = Field(500, gt=0)
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf")
+    undo_nonfinite_steps: bool = Field(
+        True, description="keep a copy of the weights and their optimizer state before each step, to undo a step whose "
+                          "weights become non-finite (costs that memory: turn off for large full fine-tunes; a non-finite "
+                          "gradient is still skipped, and non-finite weights then stop the run)")
 
     _betas_in_range = field_validator("betas")(_betas)
 

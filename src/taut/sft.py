@@ -141,7 +141,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
         load_optimizer(optimizer, ckpt)
     trackers = open_trackers(config, run_dir, resume_step=start if start else None)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
-    guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips)
+    guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps, section="sft")
 
     tokens_seen, t0, window_loss, window_tokens = 0, time.perf_counter(), 0.0, 0
     with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:

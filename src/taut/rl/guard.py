@@ -67,13 +67,14 @@ class NonFiniteGuard:
     raises `TrainingDiverged` after `max_consecutive` skips in a row."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_consecutive: int = 3,
-                 snapshot: bool = True):
+                 snapshot: bool = True, section: str = "rl"):
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be at least 1, got {max_consecutive}")
         self.optimizer = optimizer
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.max_consecutive = max_consecutive
         self.snapshot = snapshot
+        self.section = section        # the config section whose keys the errors name ("rl", "sft")
         self.consecutive = 0          # skips since the last applied step
         self.skipped = 0              # skips in total
         self._weights: list[torch.Tensor] = []
@@ -98,7 +99,7 @@ class NonFiniteGuard:
         if bad is not None:
             if not self.snapshot:
                 raise TrainingDiverged(f"parameter {bad} became non-finite after an optimizer step{_at(where)} and the guard "
-                                       f"keeps no snapshot to restore; lower the learning rate, or enable the snapshot")
+                                       f"keeps no snapshot to restore; lower the learning rate, or set {self.section}.undo_nonfinite_steps: true")
             self._restore()
             self._skip(f"parameter {bad} became non-finite (gradient norm {norm:.3g}); weights and optimizer state restored", where)
             return False
@@ -114,7 +115,7 @@ class NonFiniteGuard:
         if self.consecutive >= self.max_consecutive:
             raise TrainingDiverged(f"training diverged: {self.consecutive} optimizer steps in a row were not finite "
                                    f"(last{_at(where)}: {why}); the weights are those before the first of them. "
-                                   f"Lower the learning rate or raise the gradient clipping; rl.max_nonfinite_skips sets the limit")
+                                   f"Lower the learning rate or raise the gradient clipping; {self.section}.max_nonfinite_skips sets the limit")
 
     # ---- snapshot ---------------------------------------------------------------------
     @torch.no_grad()

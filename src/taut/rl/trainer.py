@@ -194,7 +194,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None, forward=trackers.log)
     engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode, logprobs=cfg.records_rollout_logprobs)
     validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
-    guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps)
+    guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps, section="rl")
     guard.consecutive = run.nonfinite_in_a_row
 
     with trackers, StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, run.step) as bar:
