@@ -14,10 +14,11 @@ model's weight shapes with one row per rollout (measured in this run, before and
 pairs; the higher is kept).
 
 `--split` profiles one generate call of this tree instead (`torch.profiler`, after a warm-up
-call and one timed call, the rate measured before and after) and splits its decode steps' time into matrix products and attention (the kernels' own time)
-and the rest (the timed call's step less those two; the prompts' prefill is taken out). It prints the share of the limit generation would reach if
-the rest took no time: the most that faster norms, casts, rotary or sampling can give while
-products and attention run as they do.
+call and one timed call; the rate measured before and after) and splits a decode step's time
+into the matrix products' and the attention kernels' own time and the rest (the timed call's
+step less those two, the prompts' prefill taken out). It prints the share of the limit the call
+would reach if the rest took no time (the prefill still does): the most that faster norms,
+casts, rotary or sampling could give while products and attention run as they do.
 
     python scripts/bench_decode.py --split
 """
@@ -140,16 +141,16 @@ def report_split(args: argparse.Namespace) -> None:
     ms = {k: r[k] / steps * 1e3 for k in ("products", "attention")}
     # the rest from the unprofiled call: the profiler's own cost falls on the many small kernels
     ms["rest"] = (r["wall"] - r["prefill_profiled"]) / steps * 1e3 - ms["products"] - ms["attention"]
-    ideal = r["tokens"] / limit                          # the call's time at the limit
-    rows = args.prompts * args.n
-    print(f"{args.dtype}, {rows} rows × {args.tokens} forced tokens; bf16 decode rate {best:.0f} GFLOP/s: "
-          f"limit {limit:.0f} tokens/s, {ideal / steps * 1e3:.1f} ms a step at the limit")
+    at_limit = args.prompts * args.n / limit             # seconds of a decode step at the limit
+    print(f"{args.dtype}, {args.prompts * args.n} rows × {args.tokens} forced tokens; bf16 decode rate {best:.0f} "
+          f"GFLOP/s: limit {limit:.0f} tokens/s, {at_limit * 1e3:.1f} ms a step at the limit")
     print(f"generate call {r['wall']:.2f} s unprofiled: {r['tokens'] / r['wall']:.0f} tokens/s, "
           f"{r['tokens'] / r['wall'] / limit:.0%} of the limit (load {os.getloadavg()[0]:.2f})")
-    print(f"profiled call, per decode step: matrix products {ms['products']:.1f} ms "
-          f"({ideal / r['products']:.0%} of the limit's rate), attention {ms['attention']:.1f} ms, the rest "
-          f"{ms['rest']:.1f} ms (of the unprofiled call); prefill {r['prefill_profiled']:.2f} s a call")
-    print(f"if everything but the products and attention took no time: {ideal / (r['products'] + r['attention']):.0%} of the limit")
+    print(f"per decode step: matrix products {ms['products']:.1f} ms ({steps * at_limit / r['products']:.0%} of the "
+          f"limit's rate), attention {ms['attention']:.1f} ms, the rest {ms['rest']:.1f} ms; prefill "
+          f"{r['prefill_profiled']:.2f} s a call")
+    ceiling = r["tokens"] / limit / (r["products"] + r["attention"] + r["prefill_profiled"])
+    print(f"if the rest took no time: {ceiling:.0%} of the limit")
 
 
 def main() -> None:
@@ -175,6 +176,8 @@ def main() -> None:
         print(json.dumps(split_one(args.dtype, args.prompts, args.n, args.tokens, args.threads)))
         return
     if args.split:
+        if args.tokens < 2:
+            parser.error("--split needs --tokens of at least 2 (the first token comes from the prefill)")
         report_split(args)
         return
     trees = [t.split("=", 1) for t in args.tree] or [["this", ""]]
