@@ -471,6 +471,26 @@ def test_cli_demo_refuses_a_used_run_directory_and_a_locked_one(tmp_path, monkey
     assert (run / "metrics.jsonl").exists()                   # --overwrite removes nothing while another holds it
 
 
+@pytest.mark.parametrize("suite", [None, "gate"])
+def test_cli_bench_keeps_out_a_second_process_and_reuses_its_own_directory(tmp_path, monkeypatch, capsys, suite):
+    """Two `taut bench` processes on one --out both trained the same methods into the same run
+    directories; the second now stops before it starts, and a bench directory is still reused."""
+    import taut.bench.matrix as matrix
+    import taut.bench.suite as suites
+
+    runs = []
+    monkeypatch.setattr(matrix, "run_bench", lambda *a: runs.append(a) or {"seconds": 0.0, "rows": []})
+    monkeypatch.setattr(suites, "run_suite", lambda *a: runs.append(a) or {"seconds": 0.0, "suite": {"rows": []}})
+    out = tmp_path / "bench"
+    args = ["bench", "--quick", "--out", str(out)] + (["--suite", suite] if suite else [])
+    with claim_run_dir(out, resume=True, overwrite=False):
+        code, err = _main(monkeypatch, capsys, *args)
+    assert code == 2 and f"in use by another taut process (PID {os.getpid()})" in _one_line(err) and not runs
+    (out / "start").mkdir()                                 # a bench directory holding runs is continued, not refused
+    code, _ = _main(monkeypatch, capsys, *args)
+    assert code == 0 and len(runs) == 1 and runs[0][1] == out and (out / LOCK_FILE).read_text() == ""
+
+
 def test_cli_eval_of_a_run_without_an_intact_checkpoint(saved_run, tmp_path, monkeypatch, capsys):
     import shutil
 

@@ -374,15 +374,19 @@ def bench(ctx: typer.Context,
         return
     from taut.bench.matrix import load_bench, run_bench
     from taut.builtin_recipes import resolve_recipe
+    from taut.rundir import claim_run_dir
 
+    # A bench directory continues what it holds (finished runs are reused); the claim only keeps a
+    # second process out while this one trains in it.
     if suite is not None:
         from taut.bench.suite import load_suite, run_suite, suite_path
 
         path = suite_path(suite)
         out = out or Path("runs") / (f"bench-{suite}-quick" if quick else f"bench-{suite}")
         target = write or (None if quick else Path("BENCHMARKS.md"))
-        summary = run_suite(load_suite(path, quick=quick), out, target,
-                            f"taut bench --suite {suite}" + (" --quick" if quick else "") + f" --out {out}")
+        loaded = load_suite(path, quick=quick)
+        with claim_run_dir(out, resume=True, overwrite=False):
+            summary = run_suite(loaded, out, target, f"taut bench --suite {suite}" + (" --quick" if quick else "") + f" --out {out}")
         t = Table(title=f"bench --suite {suite} ({summary['seconds'] / 60:.1f} min)")
         for col in ("method", "seeds", "accuracy", "tokens", "search accuracy", "search tokens"):
             t.add_column(col, justify="right")
@@ -398,7 +402,8 @@ def bench(ctx: typer.Context,
     out = out or Path("runs") / ("bench-quick" if quick else "bench")
     command = f"taut bench --config {config}" + (" --quick" if quick else "") + f" --out {out}"
     target = write or (None if quick else Path("BENCHMARKS.md"))
-    summary = run_bench(bench_cfg, out, target, command)
+    with claim_run_dir(out, resume=True, overwrite=False):
+        summary = run_bench(bench_cfg, out, target, command)
     t = Table(title=f"bench ({summary['seconds'] / 60:.1f} min)")
     for col in ("method", "seeds", "accuracy", "tokens", "length Δ", "accuracy Δ", "held-out length Δ", "held-out accuracy Δ"):
         t.add_column(col, justify="right")
