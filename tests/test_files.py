@@ -3,6 +3,7 @@ line (or row) and field; splits are declared or assigned by a stable hash; the T
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,18 @@ def test_unknown_suffix_and_missing_file_are_errors(tmp_path):
     (tmp_path / "d.txt").write_text("x")
     with pytest.raises(DataError, match="set format to one of"):
         read_rows(FileTaskConfig(path=str(tmp_path / "d.txt")))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError) as absolute:
         load_task(FileTaskConfig(path=str(tmp_path / "absent.jsonl")))
+    assert "current directory" not in str(absolute.value)
+
+
+def test_a_missing_relative_data_file_names_the_directory_it_was_looked_for_in(tmp_path, monkeypatch):
+    """A recipe's relative data path (examples/data/math-tiny.jsonl) run from another directory
+    said only that the file does not exist."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"'data/absent.jsonl' does not exist \(a relative path is read from the "
+                                                rf"current directory, {re.escape(str(tmp_path))}\)"):
+        load_task(FileTaskConfig(path="data/absent.jsonl"))
 
 
 # ---------------------------------------------------------------------------------------------

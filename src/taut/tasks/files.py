@@ -111,10 +111,15 @@ class PromptLimit:
 # ---------------------------------------------------------------------------------------------
 
 
+def _missing(config: FileTaskConfig) -> FileNotFoundError:
+    where = "" if Path(config.path).is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
+    return FileNotFoundError(f"data file {config.path!r} does not exist{where}")
+
+
 def resolve_format(config: FileTaskConfig) -> str:
     path = Path(config.path)
     if not path.exists():
-        raise FileNotFoundError(f"data file {config.path!r} does not exist")
+        raise _missing(config)
     if config.format != "auto":
         return config.format
     if path.is_dir():
@@ -278,7 +283,7 @@ def cached_rows(config: FileTaskConfig) -> list[Row]:
     """`read_rows`, remembered while the file is unchanged (tasks are loaded by several stages)."""
     path = Path(config.path)
     if not path.exists():
-        raise FileNotFoundError(f"data file {config.path!r} does not exist")
+        raise _missing(config)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     stamp = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
     key = (str(path.resolve()), stamp, config.model_dump_json())
