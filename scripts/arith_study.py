@@ -174,24 +174,25 @@ def positive(text: str) -> int:
 PEAK_GB = 11.4            # the most a training process of the study held resident here (docs/real-models.md)
 
 
-def available_gb() -> float | None:
-    """MemAvailable from /proc/meminfo (Linux), in GB; None where it cannot be read."""
+def memory_gb() -> float | None:
+    """The machine's memory (MemTotal in /proc/meminfo, Linux), in GiB; None where it cannot be read."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith("MemTotal:"):
                 return int(line.split()[1]) / 2**20
     except (OSError, ValueError, IndexError):
         return None
     return None
 
 
-def memory_warning(workers: int, available: float | None) -> str | None:
-    """A warning when `workers` training processes side by side may not fit in memory."""
+def memory_warning(workers: int, memory: float | None) -> str | None:
+    """A warning when `workers` training processes side by side may not fit in the machine's memory
+    (two fit in 23.5 GiB here, each peaking at 11.4)."""
     need = workers * PEAK_GB
-    if workers < 2 or available is None or available >= need:
+    if workers < 2 or memory is None or memory >= need:
         return None
     return (f"warning: {workers} methods side by side may need up to {need:.0f} GB (one training process peaked at "
-            f"{PEAK_GB} GB here, docs/real-models.md) and {available:.1f} GB are available; if a run is killed for "
+            f"{PEAK_GB} GB here, docs/real-models.md) and this machine has {memory:.1f} GB; if a run is killed for "
             f"memory, rerun with --workers 1 (finished steps are kept)")
 
 
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     training = (SMOKE if args.smoke else []) + ([f"model.threads={threads}"] if args.workers > 1 or args.threads else [])
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.smoke and (warning := memory_warning(min(args.workers, len(methods)), available_gb())):
+    if not args.smoke and (warning := memory_warning(min(args.workers, len(methods)), memory_gb())):
         print(warning, file=sys.stderr, flush=True)
 
     runs = {method: args.out / method for method in methods}

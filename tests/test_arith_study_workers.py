@@ -47,9 +47,9 @@ def test_workers_must_be_a_positive_whole_number(arith_study, capsys):
 
 def test_side_by_side_training_warns_when_memory_may_not_hold_it(arith_study):
     assert arith_study.memory_warning(2, 10.0).startswith("warning: 2 methods side by side may need up to 23 GB")
-    assert "10.0 GB are available" in arith_study.memory_warning(2, 10.0) and "--workers 1" in arith_study.memory_warning(2, 10.0)
+    assert "this machine has 10.0 GB" in arith_study.memory_warning(2, 10.0) and "--workers 1" in arith_study.memory_warning(2, 10.0)
     assert arith_study.memory_warning(2, 30.0) is None          # room for both
     assert arith_study.memory_warning(1, 2.0) is None           # one at a time: nothing to choose
     assert arith_study.memory_warning(2, None) is None          # unknown (not Linux): no guess
-    available = arith_study.available_gb()
-    assert available is None or available > 0
+    memory = arith_study.memory_gb()
+    assert memory is None or memory > 0
