@@ -385,8 +385,9 @@ def bench(ctx: typer.Context,
         out = out or Path("runs") / (f"bench-{suite}-quick" if quick else f"bench-{suite}")
         target = write or (None if quick else Path("BENCHMARKS.md"))
         loaded = load_suite(path, quick=quick)
+        command = f"taut bench --suite {suite}" + (" --quick" if quick else "") + f" --out {out}"
         with claim_run_dir(out, resume=True, overwrite=False):
-            summary = run_suite(loaded, out, target, f"taut bench --suite {suite}" + (" --quick" if quick else "") + f" --out {out}")
+            summary = run_suite(loaded, out, target, command)
         t = Table(title=f"bench --suite {suite} ({summary['seconds'] / 60:.1f} min)")
         for col in ("method", "seeds", "accuracy", "tokens", "search accuracy", "search tokens"):
             t.add_column(col, justify="right")

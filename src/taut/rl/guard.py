@@ -99,7 +99,8 @@ class NonFiniteGuard:
         if bad is not None:
             if not self.snapshot:
                 raise TrainingDiverged(f"parameter {bad} became non-finite after an optimizer step{_at(where)} and the guard "
-                                       f"keeps no snapshot to restore; lower the learning rate, or set {self.section}.undo_nonfinite_steps: true")
+                                       f"keeps no snapshot to restore; lower the learning rate, or set "
+                                       f"{self.section}.undo_nonfinite_steps: true")
             self._restore()
             self._skip(f"parameter {bad} became non-finite (gradient norm {norm:.3g}); weights and optimizer state restored", where)
             return False
