@@ -486,7 +486,7 @@ def test_cli_bench_keeps_out_a_second_process_and_reuses_its_own_directory(tmp_p
     with claim_run_dir(out, resume=True, overwrite=False):
         code, err = _main(monkeypatch, capsys, *args)
     assert code == 2 and f"in use by another taut process (PID {os.getpid()})" in _one_line(err) and not runs
-    (out / "start").mkdir()                                 # a bench directory holding runs is continued, not refused
+    (out / "report").mkdir()            # a bench directory holding its runs and report is continued, not refused
     code, _ = _main(monkeypatch, capsys, *args)
     assert code == 0 and len(runs) == 1 and runs[0][1] == out and (out / LOCK_FILE).read_text() == ""
 

@@ -255,7 +255,7 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
         out_console.print(plan_table(cfg))
         return
     with claim_run_dir(out or default_run_dir("demo"), resume=False, overwrite=overwrite, resumable=False) as run_dir:
-        run_dir, report = run_demo(cfg, run_dir, quiet=quiet)
+        report = run_demo(cfg, run_dir, quiet=quiet)
     _next(f"run: {run_dir}\nreport: {report}", f"taut compare {run_dir} <another run> --out runs/compare")
 
 

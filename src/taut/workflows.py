@@ -87,9 +87,9 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, qu
     return result, out
 
 
-def run_demo(config: RunConfig, run_dir: Path, quiet: bool = False) -> tuple[Path, Path]:
-    """RL from the shipped SFT checkpoint on the testbed, evaluated at the start and at the end
-    of every phase, then the report. Returns the run directory and the report's path."""
+def run_demo(config: RunConfig, run_dir: Path, quiet: bool = False) -> Path:
+    """RL from the shipped SFT checkpoint on the testbed into `run_dir`, evaluated at the start and
+    at the end of every phase, then the report. Returns the report's path."""
     import json
 
     from taut.checkpoint import step_name
@@ -111,7 +111,7 @@ def run_demo(config: RunConfig, run_dir: Path, quiet: bool = False) -> tuple[Pat
     console.print(stages_table(results))
     report = write_run_report(run_dir)
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
-    return run_dir, report
+    return report
 
 
 def stages_table(results: list[tuple[str, dict]]) -> Table:
