@@ -1,6 +1,8 @@
 """Hostile model outputs against the math reward: extraction stays linear (and reads what the
 old per-box scan and marker expression read), the whole grade stays within its per-sample
-limit, and an answer math-verify cannot read is never accepted.
+limit, an answer math-verify cannot read is never accepted, and an answer that offers two values
+(`41 \\lor 42`) is unverifiable against a reference that states one, while single values,
+intervals, sets and tuples grade as math-verify grades them.
 
 Sizes and example counts are capped so that the file runs in well under 30 s; the time bounds
 are generous (a busy 2-core machine), far below what the superlinear code took on the same
@@ -178,3 +180,112 @@ def test_a_grade_that_would_not_end_is_a_timeout_at_the_limit(warm):
     elapsed, verdict = timed(lambda: verify(text, "42", timeout=LIMIT))
     assert elapsed < LIMIT + SLACK
     assert not verdict.correct and error_kind(verdict.error) == TIMEOUT and verdict.extracted is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# hedged answers: more than one value against a reference that states one
+# ---------------------------------------------------------------------------------------------
+
+# math-verify keeps one operand of `a \lor b` (and of the others below) and compares it: a policy
+# paid for short correct answers learns to write two candidates. Each family offers two values
+# or relates two values instead of stating one.
+HEDGES = {
+    "logic": [r"\lor", r"\vee", r"\land", r"\wedge", "or", "and", r"\text{ or }", r"\ \text{or}\ ", "∨"],
+    "sets": [r"\cup", r"\cap", r"\setminus", r"\sqcup", r"\backslash"],
+    "lists": [",", ";", r"\text{ , }", r"\\", r"\newline", "&", r"\&", r"\quad\text{or}\quad", r"\hspace{1em}", r"\ldots"],
+    "relations": ["=", r"\approx", r"\sim", r"\equiv", r"\cong", "<", r"\le", r"\geq", r"\neq", r"\not=", ":=",
+                  r"\in", r"\subset", r"\mid", "|", r"\|", r"\colon", r"\pm"],
+    "arrows": [r"\to", r"\rightarrow", r"\Rightarrow", r"\implies", r"\iff", r"\Leftrightarrow", r"\mapsto"],
+}
+HEDGE = st.sampled_from([h for family in HEDGES.values() for h in family])
+
+
+@st.composite
+def two_values(draw) -> tuple[str, str]:
+    """(right, wrong): two different numbers, as integers (negative too) or fractions."""
+    def value(n: int, d: int) -> str:
+        if d == 1:
+            return str(n)
+        return f"{'-' if n < 0 else ''}\\frac{{{abs(n)}}}{{{d}}}"
+    fractions = draw(st.booleans())
+    d = st.integers(2, 12) if fractions else st.just(1)
+    right = (draw(st.integers(-999, 999)), draw(d))
+    wrong = draw((st.tuples(st.integers(-999, 999), d)).filter(lambda w: w[0] * right[1] != right[0] * w[1]))
+    return value(*right), value(*wrong)
+
+
+def response(answer: str, form: str) -> str:
+    return {"boxed": f"So the answer is \\boxed{{{answer}}}.", "answer-line": f"Answer: {answer}\n"}[form]
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(values=two_values(), hedge=HEDGE, right_first=st.booleans(), named=st.booleans(),
+       form=st.sampled_from(["boxed", "answer-line"]), reference_named=st.booleans())
+def test_a_hedged_answer_is_unverifiable_against_a_single_reference(warm, values, hedge, right_first, named, form,
+                                                                    reference_named):
+    right, wrong = values
+    first, second = (right, wrong) if right_first else (wrong, right)
+    answer = f"x = {first} {hedge} x = {second}" if named else f"{first} {hedge} {second}"
+    reference = f"x = {right}" if reference_named else right
+    verdict = verify(response(answer, form), reference)
+    assert not verdict.correct
+    assert error_kind(verdict.error) == UNVERIFIABLE and "more than one value" in verdict.error
+
+
+# The other side: what a single, plain answer grades as math-verify (after the exact match) grades it.
+
+def graded_by_math_verify(answer: str, reference: str) -> bool:
+    from math_verify import parse, verify as mv_verify
+
+    from taut.tasks.math import normalize
+
+    if normalize(answer) == normalize(reference):
+        return True
+    boxed = [parse(f"\\boxed{{{a}}}", parsing_timeout=None) for a in (reference, answer)]
+    return bool(mv_verify(*boxed, timeout_seconds=None))
+
+
+@st.composite
+def written(draw, n: int, d: int) -> str:
+    """n/d in one of the forms an answer takes: integer, decimal, \\frac, \\dfrac, a/b, x = …"""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    forms = [f"{sign}\\frac{{{n}}}{{{d}}}", f"{sign}\\dfrac{{{n}}}{{{d}}}", f"{sign}{n}/{d}"]
+    if d == 1:
+        forms += [f"{sign}{n}", f"{sign}{n}.0"]
+    if 1000 % d == 0:
+        forms.append(f"{sign}{n / d:g}")
+    value = draw(st.sampled_from(forms))
+    return draw(st.sampled_from([value, f"x = {value}", f"y={value}", f"x_1 = {value}", f"\\theta = {value}"]))
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(n=st.integers(-99, 99), d=st.sampled_from([1, 1, 2, 3, 4, 5, 8]), other=st.integers(-99, 99), data=st.data())
+def test_a_single_value_grades_as_before(warm, n, d, other, data):
+    reference = data.draw(written(n, d))
+    for answer in (data.draw(written(n, d)), data.draw(written(other, d))):
+        assert answers_equal(answer, reference, timeout=5.0) == graded_by_math_verify(answer, reference)
+
+
+COLLECTIONS = [
+    ("\\{{a}, {b}\\}", ["\\{{b}, {a}\\}", "\\{{a},{b}\\}", "{a}, {b}", "{a} \\text{ and } {b}", "\\{{a}, {a}\\}"]),
+    ("({a}, {b})", ["({a},{b})", "\\left({a}, {b}\\right)", "({b}, {a})", "[{a}, {b})"]),
+    ("[{a}, {b})", ["[{a},{b})", "({a}, {b}]", "[{a}, {b}]"]),
+    ("(-\\infty, {a}) \\cup ({b}, \\infty)", ["(-\\infty,{a})\\cup({b},\\infty)", "(-\\infty, {a}]\\cup[{b}, \\infty)",
+                                           "x < {a} \\text{ or } x > {b}"]),
+    ("x = {a} \\text{ or } x = {b}", ["x = {a} \\text{ or } x = {b}", "x = {b} \\text{ or } x = {a}", "{a}, {b}",
+                                      "x = {a}, x = {b}"]),
+    ("{a} \\le x < {b}", ["{a} \\le x < {b}", "x \\in [{a}, {b})", "{a} < x < {b}"]),
+]
+
+
+def fill(template: str, a: int, b: int) -> str:
+    return template.replace("{a}", str(a)).replace("{b}", str(b))
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(a=st.integers(-50, 0), b=st.integers(1, 50), pair=st.sampled_from(COLLECTIONS), data=st.data())
+def test_intervals_sets_tuples_and_relations_grade_as_before_when_the_reference_is_one(warm, a, b, pair, data):
+    reference = fill(pair[0], a, b)
+    answer = fill(data.draw(st.sampled_from(pair[1])), a, b)
+    assert answers_equal(answer, reference, timeout=5.0) == graded_by_math_verify(answer, reference)

@@ -34,8 +34,15 @@ so an answer on either side that is not plain mathematics is *unverifiable* (`re
   `sqrt`, `and`, `or`, `infinity`, which math-verify reads correctly), a short English word or
   function name written without its backslash (`no`, `ln`, `pi`, …), or, inside `\\text{…}` and
   the other text and font commands, a word of two letters or more that is not a unit;
-- math-verify cannot parse it into a mathematical object; or
-- math-verify's reading lost a letter the answer holds (`\\gcd(a, b)` reads as 1).
+- math-verify cannot parse it into a mathematical object;
+- math-verify's reading lost a letter the answer holds (`\\gcd(a, b)` reads as 1); or
+- the reference states one value (a number or expression, or `x = …`) and the response's answer
+  offers more than one or relates two (`41 \\lor 42`, `41, 42`, `41 = 42`, `41 \\approx 42`,
+  `x = 41 \\text{ or } x = 42`, `41 \\\\ 42`; `second_value_mark`): math-verify keeps one operand of
+  most of these and compares it, which would pay a policy for writing two candidates. Commas and
+  semicolons count outside brackets only (`(1, 2)` is one tuple, `1,000` one number), bars when
+  unpaired (`41 | 42`, not `|x|`). A reference that is itself a set, tuple, interval, relation or
+  matrix is compared by math-verify as before.
 
 The normalised string comparison still comes first, so an answer written exactly as its
 reference is accepted whatever it holds.
@@ -332,8 +339,75 @@ def equal_in_helper(predicted: str, reference: str) -> bool:
     from math_verify import verify as mv_verify
 
     gold = read_answer(reference, "reference answer")
+    if states_one_value(reference, gold):
+        mark = second_value_mark(predicted)
+        if mark is not None:
+            raise Unverifiable(f"the response's answer {predicted[:80]!r} offers more than one value ({mark!r}) "
+                               f"where the reference {reference[:80]!r} states one")
     target = read_answer(predicted, "response's answer")
     return bool(mv_verify(gold, target, timeout_seconds=None, raise_on_error=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# answers that state one value
+# ---------------------------------------------------------------------------------------------
+
+
+# marks of a second value: alternatives, set operations, relations, arrows, list and line breaks
+# (math-verify reads `41 \lor 42`, `41 = 42` and `41 \hspace{1em} 42` each as 42)
+SECOND_VALUE_COMMANDS = frozenset("""
+    lor vee land wedge bigvee bigwedge
+    cup cap setminus backslash sqcup uplus bigcup bigcap
+    ne neq not le leq ge geq lt gt leqslant geqslant ll gg approx sim simeq cong equiv doteq propto coloneqq
+    in notin ni subset subseteq supset supseteq perp parallel mid vdash colon pm mp
+    to rightarrow Rightarrow longrightarrow Longrightarrow implies iff leftrightarrow Leftrightarrow
+    longleftrightarrow Longleftrightarrow mapsto gets leftarrow Leftarrow impliedby
+    newline cr dots ldots cdots vdots ddots hspace hskip kern mkern mspace mskip
+""".split())
+SECOND_VALUE_MARKS = frozenset(["=", "<", ">", "&", "\\\\", "\\&", *"≈≤≥≠≡∼∨∧∪∩∈⊂⊆→⇒⇔±∓…"])
+_LIST_MARKS = frozenset(",;")                        # only outside brackets: `(1, 2)` is one tuple
+_OPENERS, _CLOSERS = frozenset(["(", "[", "{", "\\{"]), frozenset([")", "]", "}", "\\}"])
+_BARS = frozenset(["|", "\\vert", "\\lvert", "\\rvert"])
+_DOUBLE_BARS = frozenset(["\\|", "\\Vert", "\\lVert", "\\rVert"])
+_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|.", re.S)
+_THOUSANDS = re.compile(r"(?<=\d)(?:,|\{,\})(?=\d{3}(?!\d))")         # 1,000 and 1{,}000
+_NAME_IS = re.compile(r"\s*(?:\\[A-Za-z]+|[A-Za-z])(?:_(?:\{[^{}]*\}|\w))?'*(?:\([^()=]*\))?\s*=(?!=)")   # x_1 =, f(x) =
+_OR_AND = re.compile(r"\b(?:or|and)\b", re.I)
+
+
+def second_value_mark(answer: str) -> str | None:
+    """What in `answer` offers a second value or relates two values, or None when it states one
+    (`x = …`, `f(x) = …` name the value they state). Text groups are read as their text."""
+    text = _THOUSANDS.sub("", _TEXT_GROUP.sub(r" \1 ", answer))
+    named = _NAME_IS.match(text)
+    text = text[named.end():] if named else text
+    words = _OR_AND.search(_COMMAND.sub(" ", text))
+    if words:
+        return words.group()
+    depth, bars, double_bars = 0, 0, 0
+    for token in _TOKEN.findall(text):
+        command = token.startswith("\\") and token[1:] in SECOND_VALUE_COMMANDS
+        if command or token in SECOND_VALUE_MARKS or (token in _LIST_MARKS and depth <= 0):
+            return token
+        depth += (token in _OPENERS) - (token in _CLOSERS)
+        bars += token in _BARS
+        double_bars += token in _DOUBLE_BARS
+    return "|" if bars % 2 else "\\|" if double_bars % 2 else None     # `|x|` pairs its bars; `41 | 42` does not
+
+
+def states_one_value(answer: str, readings: list) -> bool:
+    """Whether an answer, read by math-verify as `readings`, is one value: a number or expression,
+    or `name = value`; not a set, tuple, interval, relation or matrix."""
+    from sympy import Eq, Expr, MatrixBase, Symbol
+    from sympy.core.function import AppliedUndef
+
+    def one(reading) -> bool:
+        if isinstance(reading, Eq):
+            return isinstance(reading.lhs, (Symbol, AppliedUndef)) and one(reading.rhs)
+        return isinstance(reading, Expr) and not isinstance(reading, MatrixBase)
+
+    sympy_readings = [r for r in readings if not isinstance(r, str)]
+    return second_value_mark(answer) is None and all(one(r) for r in sympy_readings)
 
 
 # ---------------------------------------------------------------------------------------------
