@@ -4,6 +4,8 @@ For every problem, K samples are generated with the same rollout engine as train
 the task's verifier, and summarised as:
 - accuracy (mean over samples), pass@k (unbiased estimator), verifier errors;
 - response tokens mean / p50 / p90, truncation rate, lengths of correct vs wrong responses;
+- a response that never finished (it hit the token cap without end-of-sequence) is not correct,
+  even when the text before the cut held the right answer; `truncated_but_right` counts those;
 - accuracy under token budgets: a response cut at B tokens scores only if its answer was
   already complete within the first B tokens;
 - on the testbed, from the oracle: redundancy (redundant tokens / tokens), necessary-step
@@ -49,9 +51,10 @@ class Sample:
     held_out: bool
     length: int
     truncated: bool
-    correct: bool
+    correct: bool                   # right, and finished: a truncated response is never correct
     verifier_error: bool
     budget_correct: list[bool]
+    truncated_but_right: bool = False   # truncated, and its answer finished before the cut was right
     # testbed oracle (None elsewhere)
     redundant_tokens: int | None = None
     necessary_length: int | None = None
@@ -106,16 +109,17 @@ def generate_and_grade(
 def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], truncated: bool, budgets: list[int]) -> Sample:
     text = policy.decode(tokens)
     verdict = task.verify(problem, text, complete=not truncated)
+    correct = verdict.correct and not truncated
     budget_correct = []
     for b in budgets:
         if len(tokens) <= b:
-            budget_correct.append(verdict.correct)
+            budget_correct.append(correct)
         else:
             budget_correct.append(task.verify(problem, policy.decode(tokens[:b]), complete=False).correct)
     sample = Sample(
         problem_id=problem.id, domain=problem.domain, difficulty=problem.difficulty, held_out=problem.held_out,
-        length=len(tokens), truncated=truncated, correct=verdict.correct, verifier_error=verdict.error is not None,
-        budget_correct=budget_correct, text=text,
+        length=len(tokens), truncated=truncated, correct=correct, truncated_but_right=truncated and verdict.correct,
+        verifier_error=verdict.error is not None, budget_correct=budget_correct, text=text,
     )
     if isinstance(task, OracleTask):
         a = task.analyze(problem, text, complete=not truncated)
@@ -124,7 +128,7 @@ def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], trunc
     if isinstance(task, ScoredTask):
         sample.scores = task.scores(problem, text, complete=not truncated)
     if verdict.score is not None:                   # partial credit (reasoning-gym): reported as the "score" mean
-        sample.scores = (sample.scores or {}) | {"score": verdict.score}
+        sample.scores = (sample.scores or {}) | {"score": 0.0 if truncated else verdict.score}
     return sample
 
 
@@ -146,6 +150,7 @@ def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
         "tokens_p50": percentile(lengths, 50),
         "tokens_p90": percentile(lengths, 90),
         "truncation_rate": mean([s.truncated for s in samples]),
+        "truncated_but_right": sum(s.truncated_but_right for s in samples),
         "verifier_errors": sum(s.verifier_error for s in samples),
         "budget_accuracy": {str(b): mean([s.budget_correct[i] for s in samples]) for i, b in enumerate(budgets)},
         "correct_tokens_mean": mean([s.length for s in samples if s.correct]),
@@ -215,17 +220,18 @@ def finite(value: Any) -> Any:
 def table(result: dict[str, Any], title: str = "evaluation") -> Table:
     """Per domain/level, then in-domain, held-out and overall; fits 80 columns."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
-              caption="pass@k: k = samples per problem; trunc: share hitting the cap; redund: redundant-token share",
+              caption="pass@k: k = samples per problem; trunc: share hitting the cap (never correct); t-ok: how many "
+                      "of those held the right answer; redund: redundant-token share",
               caption_justify="left")
-    for col in ("domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "redund", "thinks", "rounds"):
+    for col in ("domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "t-ok", "redund", "thinks", "rounds"):
         t.add_column(col, justify="right" if col != "domain/level" else "left", no_wrap=True)
 
     def row(name, s, style=None):
         pk = s.get("pass_at_k", {})
         t.add_row(
             name, f"{s['accuracy']:.3f}", f"{pk[max(pk, key=int)]:.3f}" if pk else "-", f"{s['tokens_mean']:.1f}",
-            f"{s['tokens_p90']:.0f}", f"{s['truncation_rate']:.2f}", _fmt(s.get("redundancy")), _fmt(s.get("thinks_rate")),
-            _fmt(s.get("rounds_rate")), style=style,
+            f"{s['tokens_p90']:.0f}", f"{s['truncation_rate']:.2f}", str(s["truncated_but_right"]), _fmt(s.get("redundancy")),
+            _fmt(s.get("thinks_rate")), _fmt(s.get("rounds_rate")), style=style,
         )
 
     for name, s in result["by_cell"].items():
