@@ -5,8 +5,12 @@ Where this machine cannot isolate something (`isolation()`), the test for it is 
 reason; on Linux as root (CI, the development machines) everything below runs.
 """
 
+import ctypes
+import json
 import os
 import socket
+import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import pytest
 from taut.sandbox import UID_RANGE, Limits, SandboxError, isolation, run_python
 
 SMALL = Limits(cpu_seconds=1, wall_seconds=3.0, memory_bytes=256 * 2**20, file_bytes=256 * 2**10, processes=4,
-               output_bytes=4096)
+               disk_bytes=2 * 2**20, output_bytes=4096)
 
 
 def sandbox_processes() -> list[int]:
@@ -108,22 +112,108 @@ def test_no_network_connection_even_to_this_machine():
     assert not outside.passed and "connected" not in outside.stdout
 
 
+DENIED_OR_HIDDEN = {"EACCES", "EPERM", "EROFS", "ENOENT"}   # refused, read-only, or not visible in the sandbox
+
+
+def try_to_create(paths: list[Path]) -> dict[str, str]:
+    """Run a program that tries to create each path; for each, "created" or the errno's name."""
+    out = run_python(f"""import errno, json
+outcome = {{}}
+for path in {[str(p) for p in paths]!r}:
+    try:
+        with open(path, 'x') as f:
+            f.write('x')
+        outcome[path] = 'created'
+    except OSError as err:
+        outcome[path] = errno.errorcode[err.errno]
+print(json.dumps(outcome))""", SMALL)
+    assert out.passed, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_no_writes_outside_its_directory(tmp_path):
     if not isolation().drop_uid:
         pytest.skip("without an unprivileged uid the program can write wherever this user can (docs/transfer.md)")
     name = f"taut-sandbox-escape-{os.getpid()}"
-    beside = Path(__file__).parent / name                  # a directory this user owns, outside /tmp
+    beside = Path(__file__).parent / name                  # a directory this user owns (hidden if under /tmp)
+    target = tmp_path / "escaped.txt"                      # under /tmp: denied, or hidden by the private /tmp
     try:
-        out = run_python(f"open({str(beside)!r}, 'w').write('x')", SMALL)
-        assert not out.passed and "PermissionError" in out.stderr and not beside.exists()
+        outcome = try_to_create([beside, target])
     finally:
         beside.unlink(missing_ok=True)
-    target = tmp_path / "escaped.txt"                      # under /tmp: denied, or hidden by the private /tmp
-    out = run_python(f"open({str(target)!r}, 'w').write('x')", SMALL)
-    assert not out.passed and not target.exists()
+        target.unlink(missing_ok=True)
+    assert outcome[str(beside)] in DENIED_OR_HIDDEN and outcome[str(target)] in DENIED_OR_HIDDEN, outcome
     scratch = run_python(f"open('/tmp/{name}', 'w').write('x')\nprint(open('/tmp/{name}').read())", SMALL)
     if isolation().mounts:                                  # a private /tmp: writable, and gone afterwards
         assert scratch.passed and not Path(f"/tmp/{name}").exists()
+
+
+def test_no_writes_into_world_writable_directories():
+    if not (isolation().drop_uid and isolation().mounts):
+        pytest.skip("without a private mount namespace the program can write into world-writable directories")
+    shared = Path(tempfile.mkdtemp(prefix="taut-sandbox-shared-", dir="/run"))   # outside every private mount
+    shared.chmod(0o1777)
+    writable = {shared} | {Path(os.path.realpath(d)) for d in ("/run/lock", "/var/lock", "/var/tmp", "/dev/shm",
+                                                               "/dev/mqueue")
+                           if os.path.isdir(d) and os.stat(d).st_mode & stat.S_IWOTH}
+    paths = [d / f"taut-sandbox-escape-{os.getpid()}" for d in sorted(writable)]
+    try:
+        outcome = try_to_create(paths)                     # "created" only in the sandbox's private /tmp
+        assert not any(p.exists() for p in paths), outcome
+    finally:
+        for p in paths:
+            p.unlink(missing_ok=True)
+        shared.rmdir()
+
+
+def test_no_shared_memory_segment_outlives_the_run():
+    if not isolation().mounts:
+        pytest.skip("without its own IPC namespace the program can leave System V IPC objects behind")
+    key = 0x7A000000 + os.getpid() % 2**20
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        out = run_python(f"import ctypes\nassert ctypes.CDLL(None).shmget({key}, 4096, 0o1666) >= 0", SMALL)
+        assert out.passed, out.stderr
+        assert libc.shmget(key, 0, 0) == -1                # IPC_CREAT | 0o666 above; here: no such segment
+    finally:
+        segment = libc.shmget(key, 0, 0)
+        if segment >= 0:
+            libc.shmctl(segment, 0, None)                  # IPC_RMID
+
+
+def test_no_connection_to_a_unix_socket_on_this_machine(tmp_path):
+    if not isolation().seccomp:
+        pytest.skip("this machine cannot filter the sandbox's system calls (docs/transfer.md)")
+    # a socket any user may connect to, where the program can see it: under /run, since the private
+    # /tmp hides the host's
+    parent = Path(tempfile.mkdtemp(prefix="taut-sandbox-", dir="/run" if isolation().mounts else tmp_path))
+    parent.chmod(0o755)
+    path = parent / "open.sock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(path))
+        path.chmod(0o777)
+        server.listen()
+        server.setblocking(False)
+        out = run_python(f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(path)!r})\nprint('connected')", SMALL)
+        with pytest.raises(BlockingIOError):               # nothing waiting to be accepted
+            server.accept()
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)
+        parent.rmdir()
+    assert not out.passed and "connected" not in out.stdout
+
+
+def test_the_total_written_is_capped():
+    if not isolation().mounts:
+        pytest.skip("without a private mount namespace only each file's size is limited (docs/transfer.md)")
+    flood = ("written = 0\ntry:\n    for i in range(400):\n        with open(f'f{i}', 'wb') as f:\n"
+             f"            f.write(bytes({SMALL.file_bytes}))\n        written += {SMALL.file_bytes}\n"
+             "finally:\n    print(written, flush=True)")
+    out = run_python(flood, SMALL)
+    assert not out.passed and "No space left on device" in out.stderr, (out.status, out.stdout)
+    assert int(out.stdout) <= SMALL.disk_bytes
 
 
 def test_output_that_floods_stdout_is_cut_at_the_file_size_limit():

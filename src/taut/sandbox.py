@@ -15,7 +15,10 @@ What is applied, and where (`isolation()` reports what this machine supports):
 | wall-clock timeout, then SIGKILL | yes | yes | yes |
 | process count | yes: RLIMIT_NPROC on a fresh unprivileged uid | RLIMIT_NPROC, counting all of the user's processes | same as Linux users |
 | no network | new network namespace (only a down loopback) | a new user + network namespace where unprivileged ones are allowed, else **not isolated** | **not isolated** |
-| no writes outside its directory | the program runs as a fresh unprivileged uid owning only its directory; private size-limited tmpfs over /tmp, /var/tmp, /dev/shm | **not isolated** (it can write wherever the user can) | **not isolated** |
+| no unix sockets on the host (socket files are outside any network namespace) | a seccomp filter refuses `socket(AF_UNIX)` and `io_uring_setup` (x86_64, aarch64) | same | **not isolated** |
+| no writes outside its directory | a fresh unprivileged uid; its own mount namespace with every host mount read-only (`mount_setattr`, Linux 5.12+) and one private tmpfs at /tmp (also at /var/tmp, /dev/shm) holding the work directory /tmp/work | **not isolated** (it can write wherever the user can) | **not isolated** |
+| total disk written | that tmpfs's size (`Limits.disk_bytes`) | RLIMIT_FSIZE per file only | RLIMIT_FSIZE per file only |
+| no System V / POSIX IPC objects left behind | its own IPC namespace | **not isolated** | **not isolated** |
 | no stray processes after the run | a new PID namespace: killing its first process kills all | process-group kill (a child that calls setsid escapes) | process-group kill |
 
 As root, RLIMIT_NPROC does not bind (the kernel exempts root), so the launcher drops to a random
@@ -36,9 +39,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import secrets
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -67,7 +72,7 @@ class Limits:
     file_bytes: int = 1 * 2**20          # largest file written, stdout and stderr included (RLIMIT_FSIZE)
     processes: int = 4                   # processes and threads (RLIMIT_NPROC)
     open_files: int = 64                 # RLIMIT_NOFILE
-    tmpfs_bytes: int = 4 * 2**20         # size of each private /tmp, /var/tmp, /dev/shm (as root)
+    disk_bytes: int = 16 * 2**20         # all it writes: work directory and private /tmp together (as root)
     output_bytes: int = 64 * 2**10       # stdout / stderr kept in the outcome
     python: str | None = None            # interpreter for the program (default: see the module docstring)
 
@@ -89,7 +94,8 @@ class Isolation:
     root: bool
     drop_uid: bool               # runs as a fresh unprivileged uid (root only)
     network: str                 # "netns", "userns+netns" or "none"
-    mounts: bool                 # private tmpfs over /tmp, /var/tmp, /dev/shm
+    mounts: bool                 # own mount + IPC namespaces: read-only host mounts, one size-limited tmpfs
+    seccomp: bool                # a seccomp filter refuses socket(AF_UNIX) and io_uring_setup
     pid_namespace: bool
     memory_limit: bool           # RLIMIT_AS is enforced
 
@@ -97,8 +103,12 @@ class Isolation:
         gaps = []
         if self.network == "none":
             gaps.append("network")
-        if not self.drop_uid:
+        if not self.seccomp:
+            gaps.append("unix sockets on this machine")
+        if not (self.drop_uid and self.mounts):
             gaps.append("writes outside the work directory")
+        if not self.mounts:
+            gaps.append("total disk written")
         if not self.pid_namespace:
             gaps.append("stray processes that call setsid")
         if not self.memory_limit:
@@ -116,8 +126,12 @@ cfg = json.loads(sys.argv[1])
 errors = cfg["error_fd"]                      # setup failures go here; closed when the program is exec'd
 os.set_inheritable(errors, False)
 libc = ctypes.CDLL(None, use_errno=True)
-NEWNS, NEWPID, NEWNET, NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
+NEWNS, NEWIPC, NEWPID, NEWNET, NEWUSER = 0x00020000, 0x08000000, 0x20000000, 0x40000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 0x1
+
+class SockFprog(ctypes.Structure):                # a seccomp filter: its length in instructions, its code
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 def fail(what):
     os.write(errors, f"{what} failed: {os.strerror(ctypes.get_errno())}".encode())
@@ -140,13 +154,24 @@ elif cfg["network"] == "userns+netns":
     with open("/proc/self/uid_map", "w") as f: f.write(f"{uid} {uid} 1")
     with open("/proc/self/gid_map", "w") as f: f.write(f"{gid} {gid} 1")
 if cfg["mounts"]:
-    unshare(NEWNS, "unshare(mount)")
+    unshare(NEWNS | NEWIPC, "unshare(mount, ipc)")
     mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
-    for target in cfg["tmpfs"]:
-        mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmpfs_bytes']},mode=1777".encode())
-    # the work directory (the cwd) lies under the now hidden /tmp: bind it to /tmp/work
+    # every mount read-only, then one size-limited tmpfs, the only place the program can write: the
+    # private /tmp (also seen at /var/tmp and /dev/shm) holding the work directory /tmp/work
+    read_only = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY, 0, 0, 0)          # struct mount_attr
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, read_only, ctypes.sizeof(read_only)) != 0:
+        fail("mount_setattr(/, read-only)")
+    with open("program.py", "rb") as f:               # the cwd: the host's work directory, about to be hidden
+        program = f.read()
+    mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk_bytes']},mode=1777".encode())
+    for target in cfg["tmp_aliases"]:
+        mount(b"/tmp", target.encode(), None, MS_BIND, None)
     os.mkdir("/tmp/work")
-    mount(b"/proc/self/cwd", b"/tmp/work", None, MS_BIND, None)
+    with open("/tmp/work/program.py", "wb") as f:
+        f.write(program)
+    if cfg["uid"] is not None:
+        os.chown("/tmp/work", cfg["uid"], cfg["uid"])
+        os.chown("/tmp/work/program.py", cfg["uid"], cfg["uid"])
     os.chdir("/tmp/work")
 if cfg["pid_namespace"]:
     unshare(NEWPID, "unshare(pid)")
@@ -180,6 +205,10 @@ if child == 0:
             os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
         libc.prctl(1, signal.SIGKILL)                     # PR_SET_PDEATHSIG: die with its parent
         libc.prctl(38, 1, 0, 0, 0)                        # PR_SET_NO_NEW_PRIVS
+        if cfg["seccomp"]:
+            bpf = bytes.fromhex(cfg["seccomp"])
+            if libc.prctl(22, 2, ctypes.byref(SockFprog(len(bpf) // 8, bpf))) != 0:   # PR_SET_SECCOMP, FILTER
+                fail("seccomp")
         if os.getppid() != parent:
             os._exit(137)                                 # the parent was killed before PDEATHSIG was set
         os.execve(cfg["python"], [cfg["python"], "-I", "-S", "program.py"], cfg["env"])
@@ -224,11 +253,12 @@ def run_python(source: str, limits: Limits = Limits()) -> Outcome:
             os.chmod(base, 0o711)                    # the program may pass through, not list
             os.chown(work, uid, uid)
             os.chown(work / "program.py", uid, uid)
-        home = "/tmp/work" if iso.mounts else str(work)   # with private mounts, the work directory is bound there
+        home = "/tmp/work" if iso.mounts else str(work)   # with private mounts, the program is copied there
         config = {
             "network": iso.network, "mounts": iso.mounts, "pid_namespace": iso.pid_namespace,
-            "tmpfs": [p for p in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(p)],
-            "tmpfs_bytes": limits.tmpfs_bytes, "uid": uid, "python": python,
+            "tmp_aliases": [p for p in ("/var/tmp", "/dev/shm") if os.path.isdir(p)],
+            "disk_bytes": limits.disk_bytes, "seccomp": seccomp_filter().hex() if iso.seccomp else None,
+            "uid": uid, "python": python,
             "wall_seconds": limits.wall_seconds, "rlimits": rlimits(limits, iso),
             "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
                     "PYTHONDONTWRITEBYTECODE": "1"},
@@ -315,6 +345,41 @@ def _kill_uid(uid: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# the seccomp filter: no unix sockets (the network namespace does not cover socket files)
+# ---------------------------------------------------------------------------------------------
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SYSCALLS = {"x86_64": {"socket": 41, "io_uring_setup": 425}, "aarch64": {"socket": 198, "io_uring_setup": 425}}
+AF_UNIX, EACCES = 1, 13
+
+
+def seccomp_filter() -> bytes:
+    """A classic-BPF seccomp program for this machine's architecture: `socket(AF_UNIX, ...)` and
+    `io_uring_setup` (whose rings create sockets past the filter) fail with EACCES, so no socket
+    file on the host can be reached; everything else is allowed. System calls of another ABI have
+    other numbers: 32-bit ones kill the process, x32 ones (numbers from 0x40000000) fail. Reads
+    `struct seccomp_data`: nr at byte 0, arch at 4, the low half of args[0] at 16 (little-endian)."""
+    machine = platform.machine()
+    nr = SYSCALLS[machine]
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, deny, kill = 0x7FFF0000, 0x00050000 | EACCES, 0x80000000
+    program = [                                           # (code, jump if true, jump if false, k)
+        (load, 0, 0, 4),                                  # 0: arch
+        (jeq, 1, 0, AUDIT_ARCH[machine]),                 # 1: this ABI: go on at 3
+        (ret, 0, 0, kill),                                # 2
+        (load, 0, 0, 0),                                  # 3: syscall number
+        (jge, 5, 0, 0x40000000),                          # 4: x32 numbers: deny (10)
+        (jeq, 4, 0, nr["io_uring_setup"]),                # 5: deny (10)
+        (jeq, 0, 2, nr["socket"]),                        # 6: socket: look at its domain (7), else allow (9)
+        (load, 0, 0, 16),                                 # 7: args[0], the domain
+        (jeq, 1, 0, AF_UNIX),                             # 8: deny (10)
+        (ret, 0, 0, allow),                               # 9
+        (ret, 0, 0, deny),                                # 10
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+# ---------------------------------------------------------------------------------------------
 # what this machine supports
 # ---------------------------------------------------------------------------------------------
 
@@ -325,8 +390,8 @@ def isolation() -> Isolation:
     linux = sys.platform.startswith("linux")
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     if not linux:
-        iso = Isolation(sys.platform, root, drop_uid=False, network="none", mounts=False, pid_namespace=False,
-                        memory_limit=False)
+        iso = Isolation(sys.platform, root, drop_uid=False, network="none", mounts=False, seccomp=False,
+                        pid_namespace=False, memory_limit=False)
     else:
         network = "none"
         if root and _probe("netns"):
@@ -334,7 +399,8 @@ def isolation() -> Isolation:
         elif not root and _probe("userns+netns"):
             network = "userns+netns"
         iso = Isolation(sys.platform, root, drop_uid=root and _probe_setuid(), network=network,
-                        mounts=root and _probe("mounts"), pid_namespace=root and _probe("pid"), memory_limit=True)
+                        mounts=root and _probe("mounts"), seccomp=_probe_seccomp(),
+                        pid_namespace=root and _probe("pid"), memory_limit=True)
     if iso.missing():
         log.warning("sandbox: not isolated on this machine: %s (docs/transfer.md)", ", ".join(iso.missing()))
     return iso
@@ -343,7 +409,8 @@ def isolation() -> Isolation:
 _PROBES = {
     "netns": "libc.unshare(0x40000000) == 0",
     "userns+netns": "libc.unshare(0x10000000 | 0x40000000) == 0",
-    "mounts": "libc.unshare(0x00020000) == 0 and libc.mount(b'none', b'/', None, 0x4000 | 0x40000, None) == 0",
+    "mounts": "libc.unshare(0x00020000 | 0x08000000) == 0 and libc.mount(b'none', b'/', None, 0x4000 | 0x40000, None) == 0"
+              " and libc.syscall(442, -100, b'/', 0x8000, (ctypes.c_uint64 * 4)(1, 0, 0, 0), 32) == 0",
     "pid": "libc.unshare(0x20000000) == 0",
 }
 
@@ -351,6 +418,18 @@ _PROBES = {
 def _probe(name: str) -> bool:
     code = f"import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); sys.exit(0 if {_PROBES[name]} else 1)"
     return subprocess.run([sys.executable, "-I", "-S", "-c", code], env={}, capture_output=True).returncode == 0
+
+
+def _probe_seccomp() -> bool:
+    """Whether the filter installs here and refuses an AF_UNIX socket."""
+    if platform.machine() not in SYSCALLS:
+        return False
+    code = ("import ctypes, socket, sys; libc = ctypes.CDLL(None, use_errno=True); bpf = bytes.fromhex(sys.argv[1])\n"
+            "class SockFprog(ctypes.Structure): _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_char_p)]\n"
+            "libc.prctl(38, 1, 0, 0, 0); libc.prctl(22, 2, ctypes.byref(SockFprog(len(bpf) // 8, bpf)))\n"
+            "try: socket.socket(socket.AF_UNIX)\nexcept PermissionError: sys.exit(0)\nsys.exit(1)")
+    return subprocess.run([sys.executable, "-I", "-S", "-c", code, seccomp_filter().hex()], env={},
+                          capture_output=True).returncode == 0
 
 
 def _probe_setuid() -> bool:
