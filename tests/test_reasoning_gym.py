@@ -1,6 +1,7 @@
 """reasoning-gym tasks: specs, levels, disjoint splits, the library's scorer on the extracted
-answer (partial scores kept), errors; and a short curriculum run on a mixture of them with a
-tiny chat model (train, validation, mastery sampler, per-level evaluation)."""
+answer (no partial credit in rewards unless a task opts in), errors; and a short curriculum run
+on a mixture of them with a tiny chat model (train, validation, mastery sampler, per-level
+evaluation)."""
 
 import json
 
@@ -76,7 +77,7 @@ def test_prompt_states_the_answer_format_and_only_that_form_is_read():
     q = tags.problems("test", 1)[0]
     assert q.prompt.endswith("Give your final answer between <answer> and </answer>.")
     verdict = tags.verify(q, f"<think>who lies?</think><answer>{q.answer}</answer>", complete=True)
-    assert verdict.correct and verdict.score == 1.0 and verdict.extracted == q.answer
+    assert verdict.correct and verdict.score is None and verdict.extracted == q.answer
     assert not tags.verify(q, f"<answer>{q.answer}", complete=False).correct
 
 
@@ -119,7 +120,7 @@ def test_answer_line_prompt_scores_with_the_library_and_the_instruction_override
     default = "Give your final answer on a line of its own as 'Answer: <your answer>'."
     assert p.prompt.endswith(f"\n\n{default}")
     verdict = task.verify(p, f"Adding the terms gives {p.answer}.\n**Answer:** {p.answer}.", complete=True)
-    assert verdict.correct and verdict.score == 1.0 and verdict.extracted == p.answer
+    assert verdict.correct and verdict.score is None and verdict.extracted == p.answer
     assert task.verify(p, f"The result is {p.answer}", complete=True).correct               # the fallback
     assert not _task({**spec, "fallback_last_number": False}).verify(p, f"The result is {p.answer}", complete=True).correct
     assert not task.verify(p, f"Answer: {p.answer}1", complete=True).correct
@@ -155,12 +156,65 @@ def test_answer_format_settings_survive_a_written_config(tmp_path):
     assert [t.reads_last_number for t in read.data.train] == [False, True, False]
 
 
-def test_partial_scores_are_kept_and_are_not_correct():
+class _Scripted:
+    """A policy and a rollout engine in one: every prompt gets the scripted texts as its group."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def encode_prompt(self, text):
+        return [0]
+
+    def decode(self, ids):
+        return self.texts[ids[0]]
+
+    def generate(self, prompts, n, params, generator=None, **_):
+        from taut.rollout import Rollouts
+
+        return Rollouts(prompt_index=[0] * n, tokens=[[i] for i in range(n)], truncated=[False] * n)
+
+
+def _rewards(task, problem, texts):
+    """The shaped rewards and sampled scores the RL loop gives a group of these responses."""
+    import numpy as np
+
+    from taut.config import RLConfig
+    from taut.length import NoneConfig, build_strategy
+    from taut.rl.objectives import build_objective
+    from taut.rl.rollouts import collect
+
+    cfg = RLConfig(prompts_per_step=1, group_size=len(texts), max_sampling_rounds=1, dynamic_sampling=False)
+    strategy = build_strategy(NoneConfig())
+    scripted = _Scripted(texts)
+    out = collect(scripted, scripted, lambda n: [(task, problem)], strategy, build_objective(strategy, cfg).informative,
+                  cfg, step=0, cap=64, generator=None, np_rng=np.random.default_rng(0))
+    return out.rewards[0].tolist(), out.sampled["score"]
+
+
+def test_an_answer_that_only_contains_the_right_one_earns_no_reward():
+    # the library's scorer gives partial credit to an answer that contains the right one ("17" for
+    # "7" scores 0.5); a reward that paid it would pay for writing more than the answer
     task = _task("reasoning-gym:chain_sum")
     p = task.problems("test", 1)[0]
-    verdict = task.verify(p, f"\\boxed{{x = {p.answer}}}", complete=True)   # the library gives partial credit
+    texts = [f"\\boxed{{{p.answer}}}", f"\\boxed{{1{p.answer}}}", f"\\boxed{{x = {p.answer}}}", "\\boxed{?}"]
+    library = [task._scorers[1].score_answer(t[7:-1], p.data.item) for t in texts]
+    assert library[0] == 1.0 and all(0 < s < 1 for s in library[1:3]) and library[3] == 0.0
+    verdicts = [task.verify(p, t, complete=True) for t in texts]
+    assert [v.correct for v in verdicts] == [True, False, False, False]
+    assert all(v.score is None for v in verdicts)                  # no partial credit: the grade is correctness
+    assert _rewards(task, p, texts) == ([1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0])
+
+
+def test_partial_credit_is_kept_only_where_a_task_opts_in():
+    from taut.tasks.reasoning_gym import ReasoningGymTask
+
+    task = ReasoningGymTask(ReasoningGymTaskConfig(task="reasoning-gym:chain_sum"), partial_credit=True)
+    p = task.problems("test", 1)[0]
+    verdict = task.verify(p, f"\\boxed{{x = {p.answer}}}", complete=True)
     assert 0 < verdict.score < 1 and not verdict.correct
     assert verdict.score == pytest.approx(len(p.answer) / len(f"x = {p.answer}"))
+    texts = [f"\\boxed{{{p.answer}}}", f"\\boxed{{x = {p.answer}}}"]
+    assert _rewards(task, p, texts)[0] == pytest.approx([1.0, verdict.score])
 
 
 def test_a_failing_scorer_is_a_verifier_error(monkeypatch):

@@ -35,7 +35,14 @@ Prompts. The library's question, followed by one line saying how to write the fi
 
 `instruction` replaces the format's line with other text (e.g. "Think step by step, then …" for
 a study of overthinking); the form read stays the format's. The library's scorer grades the
-extracted answer; `Verdict.score` keeps its value and `correct` means a score of 1.
+extracted answer, and `correct` means a score of 1.
+
+No partial credit. Many of the library's scorers give partial credit to an answer that merely
+contains the right one (`chain_sum`: "17" for "7" scores 0.5, len(answer) / len(written)), and
+a reward that paid it would pay a policy for writing more than the answer. So a score below 1
+is wrong, and `Verdict.score` is None: rewards, `score_mean` and evaluation see correctness only.
+A task built with `ReasoningGymTask(config, partial_credit=True)` opts in: `Verdict.score` then
+keeps the library's score, which the trainer uses as the base reward.
 
 Splits never overlap: each (split, level) draws its problems from a generator seeded for that
 split, and a problem is kept only in the split the hash of its question assigns it to (the
@@ -90,9 +97,11 @@ class Entry:
 class ReasoningGymTask:
     """Problems of one reasoning-gym task at one or more difficulty levels."""
 
-    def __init__(self, config: ReasoningGymTaskConfig, levels: list[int] | tuple[int, ...] | None = None):
+    def __init__(self, config: ReasoningGymTaskConfig, levels: list[int] | tuple[int, ...] | None = None, *,
+                 partial_credit: bool = False):
         require_library()
         self.config = config
+        self.partial_credit = partial_credit          # Verdict.score keeps the library's score (module docstring)
         self.library_name = config.task.removeprefix(PREFIX)
         self.name = config.name or self.library_name
         _check_name(self.library_name)
@@ -140,13 +149,17 @@ class ReasoningGymTask:
         extracted = extract_answer(response, self.config.answer_format, complete=complete,
                                    fallback_last_number=self.config.reads_last_number)
         if extracted is None:
-            return Verdict(correct=False, extracted=None, score=0.0)
+            return Verdict(correct=False, extracted=None, score=self._credit(0.0))
         try:
             score = float(self._scorers[entry.level].score_answer(extracted, entry.item))
         except Exception as err:      # the library's scorer failed: a verifier error, not a wrong answer
-            return Verdict(correct=False, extracted=extracted, score=0.0,
+            return Verdict(correct=False, extracted=extracted, score=self._credit(0.0),
                            error=f"reasoning-gym {self.library_name} scorer raised {type(err).__name__}: {str(err)[:200]}")
-        return Verdict(correct=score >= 1.0, extracted=extracted, score=score)
+        return Verdict(correct=score >= 1.0, extracted=extracted, score=self._credit(score))
+
+    def _credit(self, score: float) -> float | None:
+        """The partial credit a verdict carries: the library's score where the task opted in."""
+        return score if self.partial_credit else None
 
     def with_budget(self, problem: Problem, budget: int) -> Problem:
         return dataclasses.replace(problem, prompt=f"{problem.prompt}\n\n{BUDGET_INSTRUCTION.format(budget=budget)}")
