@@ -218,21 +218,25 @@ def finite(value: Any) -> Any:
 
 
 def table(result: dict[str, Any], title: str = "evaluation") -> Table:
-    """Per domain/level, then in-domain, held-out and overall; fits 80 columns."""
+    """Per domain/level, then in-domain, held-out and overall; fits 80 columns. The oracle's
+    columns (redund, thinks, rounds) only where there is one (the testbed), leaving the room to
+    other tasks' longer names."""
+    oracle = "redundancy" in result["overall"]
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
               caption="pass@k: k = samples per problem; trunc: share hitting the cap (never correct); t-ok: how many "
-                      "of those held the right answer; redund: redundant-token share",
+                      "of those held the right answer" + ("; redund: redundant-token share" if oracle else ""),
               caption_justify="left")
-    for col in ("domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "t-ok", "redund", "thinks", "rounds"):
+    columns = ["domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "t-ok"] + ["redund", "thinks", "rounds"] * oracle
+    for col in columns:
         t.add_column(col, justify="right" if col != "domain/level" else "left", no_wrap=True)
 
     def row(name, s, style=None):
         pk = s.get("pass_at_k", {})
-        t.add_row(
-            name, f"{s['accuracy']:.3f}", f"{pk[max(pk, key=int)]:.3f}" if pk else "-", f"{s['tokens_mean']:.1f}",
-            f"{s['tokens_p90']:.0f}", f"{s['truncation_rate']:.2f}", str(s["truncated_but_right"]), _fmt(s.get("redundancy")),
-            _fmt(s.get("thinks_rate")), _fmt(s.get("rounds_rate")), style=style,
-        )
+        cells = [name, f"{s['accuracy']:.3f}", f"{pk[max(pk, key=int)]:.3f}" if pk else "-", f"{s['tokens_mean']:.1f}",
+                 f"{s['tokens_p90']:.0f}", f"{s['truncation_rate']:.2f}", str(s["truncated_but_right"])]
+        if oracle:
+            cells += [_fmt(s.get("redundancy")), _fmt(s.get("thinks_rate")), _fmt(s.get("rounds_rate"))]
+        t.add_row(*cells, style=style)
 
     for name, s in result["by_cell"].items():
         row(name.removesuffix("/None"), s)              # tasks without difficulty levels: the domain alone
