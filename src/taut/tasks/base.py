@@ -29,7 +29,7 @@ class Verdict:
     correct: bool
     extracted: str | None       # the answer the grader read, None if there was none
     error: str | None = None    # the verifier itself failed (raised, timed out): not a wrong answer
-    score: float | None = None  # a grader's partial credit in [0, 1] where it gives one (reasoning-gym); correct means 1
+    score: float | None = None  # partial credit in [0, 1] where a task opts in (reasoning-gym: partial_credit)
 
 
 @runtime_checkable
