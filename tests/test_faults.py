@@ -29,7 +29,7 @@ from taut.checkpoint import (
 )
 from taut.config import ConfigError, FileTaskConfig, load_config
 from taut.rl.guard import NonFiniteGuard, TrainingDiverged, first_nonfinite
-from taut.rundir import LOCK_FILE, RunDirBusy, RunDirError, claim_run_dir
+from taut.rundir import LOCK_FILE, RunDirBusy, RunDirError, claim_run_dir, run_files
 from taut.tasks.files import CHARS_PER_TOKEN_BOUND, DataError, FileTask, PromptLimit, read_rows
 
 SRC = str(Path(__file__).parent.parent / "src")
@@ -69,6 +69,37 @@ def test_a_directory_holding_a_run_is_refused_unless_resumed_or_overwritten(tmp_
             pass
     with claim_run_dir(tmp_path / "new" / "deep", resume=False, overwrite=False) as fresh:
         assert fresh.is_dir()
+
+
+def test_a_fresh_run_that_fails_before_any_result_leaves_nothing_to_overwrite(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(OSError):
+        with claim_run_dir(run, resume=False, overwrite=False):
+            (run / "config.yaml").write_text("seed: 0\n")
+            (run / "metrics.jsonl").write_text("")
+            (run / "checkpoints" / ".tmp-step-000001").mkdir(parents=True)
+            raise OSError("the model could not be loaded")
+    assert run_files(run) == []
+    with claim_run_dir(run, resume=False, overwrite=False):          # the same command runs again
+        pass
+    # one with a result keeps everything, and so does a resumed run that fails
+    for resume, result in ((False, lambda: (run / "metrics.jsonl").write_text('{"step": 1}\n')),
+                           (False, lambda: (run / "checkpoints" / "step-000001").mkdir(parents=True)),
+                           (True, lambda: None)):
+        with pytest.raises(KeyboardInterrupt):
+            with claim_run_dir(run, resume=resume, overwrite=not resume):
+                (run / "config.yaml").write_text("seed: 0\n")
+                result()
+                raise KeyboardInterrupt
+        assert "config.yaml" in run_files(run)
+
+
+def test_cli_a_failed_start_can_be_corrected_and_run_again(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    code, err = _main(monkeypatch, capsys, "train", "--config", "builtin:grpo", "--set", "model.path=/nonexistent/model",
+                      "--out", str(run), "--quiet")
+    assert code == 2 and "does not exist" in _one_line(err)
+    assert run_files(run) == []                  # retrying is not refused with "already holds a run"
 
 
 def test_a_second_process_is_locked_out_with_the_holders_pid_until_the_holder_dies(tmp_path):

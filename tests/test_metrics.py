@@ -61,11 +61,23 @@ def test_budget_accuracy_counts_only_answers_complete_within_the_budget():
     ids = list(range(len(words)))                      # response tokens: the words in order, then cut
     answer_end = words.index("answer") + 4              # the answer's digits end here (exclusive)
     budgets = [answer_end - 1, answer_end, answer_end + 1, 100]
-    sample = grade(task, problem, policy, ids, truncated=True, budgets=budgets)
+    sample = grade(task, problem, policy, ids, truncated=False, budgets=budgets)
     # cut inside the digits: no answer; cut right after the last digit: not known to be complete;
     # one more token (a non-digit word) completes it; the whole response is correct
     assert sample.budget_correct == [False, False, True, True]
-    assert sample.correct and sample.length == len(words)
+    assert sample.correct and sample.length == len(words) and not sample.truncated_but_right
+
+
+def test_a_response_cut_at_the_cap_scores_under_no_budget_it_reaches():
+    task = GymTask(["add"])
+    problem = Instance(DOMAINS["add"], 2, (47, 58)).to_problem()
+    words = "7 + 8 + 0 = 1 5 write 5 carry 1 ; 4 + 5 + 1 = 1 0 write 0 carry 1 ; </think> answer 1 0 5 check".split()
+    policy = _policy_for(words)
+    ids = list(range(len(words)))
+    sample = grade(task, problem, policy, ids, truncated=True, budgets=[len(words), 100])
+    # the same text, cut at the cap: never correct, at any budget it fits in; the count of right-before-the-cut
+    assert sample.budget_correct == [False, False]
+    assert not sample.correct and sample.truncated_but_right
 
 
 def test_report_aggregates_redundancy_accuracy_and_pass_at_k():

@@ -81,3 +81,14 @@ def test_a_training_run_without_a_terminal_prints_progress_and_ends_with_its_out
     assert [line.split("  ")[0] for line in progress] == ["rl main step 1/2", "rl main step 2/2"]
     assert all(" len " in line and "steps/s  ETA " in line for line in progress)
     assert f"run: {run}" in proc.stdout and f"next: taut eval {run} --with-start" in proc.stdout
+
+
+def test_eval_progress_names_the_checkpoint_and_the_task(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TAUT_PROGRESS_SECONDS": "0", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "taut.cli", "eval", "builtin:testbed-sft", "--tasks", "gym:add,gym:parity",
+                           "--set", "eval.n_per_level=1", "--set", "eval.batch_size=4", "--out", str(tmp_path / "e.json")],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("eval ")]
+    assert progress and all(line.startswith("eval testbed-sft problem ") for line in progress), proc.stderr
+    assert "task gym:add" in progress[0] and "task gym:parity" in progress[-1]

@@ -215,6 +215,12 @@ def test_partial_credit_is_kept_only_where_a_task_opts_in():
     assert verdict.score == pytest.approx(len(p.answer) / len(f"x = {p.answer}"))
     texts = [f"\\boxed{{{p.answer}}}", f"\\boxed{{x = {p.answer}}}"]
     assert _rewards(task, p, texts)[0] == pytest.approx([1.0, verdict.score])
+    # a recipe opts in with the task's `partial_credit: true`
+    from taut.tasks import load_task
+
+    recipe = load_task(ReasoningGymTaskConfig(task="reasoning-gym:chain_sum", partial_credit=True))
+    plain = load_task("reasoning-gym:chain_sum")
+    assert recipe.partial_credit and not plain.partial_credit
 
 
 def test_a_failing_scorer_is_a_verifier_error(monkeypatch):

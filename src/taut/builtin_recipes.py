@@ -3,6 +3,7 @@ named `builtin:<name>` on the command line: `builtin:grpo`, `builtin:real/siri-r
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 RECIPES = Path(__file__).parent / "recipes"
@@ -17,13 +18,28 @@ def resolve_recipe(spec: str | Path) -> Path:
         name = text.removeprefix(PREFIX).removesuffix(".yaml")
         path = RECIPES / f"{name}.yaml"
         if not path.is_file():
-            raise FileNotFoundError(f"no built-in recipe {text!r}; built-in recipes: {', '.join(builtin_names())}")
+            close = difflib.get_close_matches(f"{PREFIX}{name}", builtin_names(), n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise FileNotFoundError(f"no built-in recipe {text!r}{hint}; built-in recipes: {', '.join(builtin_names())}")
         return path
     path = Path(spec)
     if not path.is_file():
-        what = "is a directory, not a recipe file" if path.is_dir() else "not found"
-        raise FileNotFoundError(f"recipe {text} {what}; the shipped ones are builtin:<name> (list: taut recipes)")
+        if path.is_dir():
+            raise FileNotFoundError(f"recipe {text} is a directory, not a recipe file")
+        shipped = shipped_as(path)
+        hint = f"; the same recipe ships with taut as {shipped}" if shipped else \
+            "; the shipped ones are builtin:<name> (list: taut recipes)"
+        raise FileNotFoundError(f"recipe {text} not found (in {Path.cwd()}){hint}")
     return path
+
+
+def shipped_as(path: Path) -> str | None:
+    """The builtin name of a repository path such as `recipes/real/x.yaml`, if taut ships it."""
+    parts = path.with_suffix(".yaml").parts
+    if "recipes" not in parts:
+        return None
+    name = Path(*parts[len(parts) - parts[::-1].index("recipes"):]).with_suffix("").as_posix()
+    return f"{PREFIX}{name}" if (RECIPES / f"{name}.yaml").is_file() else None
 
 
 def builtin_names() -> list[str]:

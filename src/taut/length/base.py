@@ -12,11 +12,16 @@ Nothing here grades a response: correctness arrives as a tensor computed by `Tas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import torch
-from torch import Tensor
+
+from taut.lazy import lazy_module
+
+torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)

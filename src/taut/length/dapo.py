@@ -29,14 +29,18 @@ the buffer) and penalty_mean (mean |R_len| over them).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
-from torch import Tensor
 
 from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
+from taut.lazy import lazy_module
 from taut.schema import Strict
+
+torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class DapoOverlongConfig(Strict):

@@ -14,14 +14,18 @@ per prompt group, in tokens. Metrics: penalised_frac (rollouts with len_i < 0) a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
-from torch import Tensor
 
 from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
+from taut.lazy import lazy_module
 from taut.schema import Strict
+
+torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class KimiConfig(Strict):

@@ -37,14 +37,18 @@ safe_len_mean (mean s over gated groups; NaN, logged as null, when no gate is op
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
-from torch import Tensor
 
 from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
+from taut.lazy import lazy_module
 from taut.schema import Strict
+
+torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class MasteryGatedConfig(Strict):

@@ -70,7 +70,8 @@ def _suite(spec: str, levels: list[int] | None) -> Task:
 def _reasoning_gym(spec: str | ReasoningGymTaskConfig, levels: list[int] | None) -> Task:
     from taut.tasks.reasoning_gym import ReasoningGymTask
 
-    return ReasoningGymTask(spec if isinstance(spec, ReasoningGymTaskConfig) else ReasoningGymTaskConfig(task=spec), levels)
+    config = spec if isinstance(spec, ReasoningGymTaskConfig) else ReasoningGymTaskConfig(task=spec)
+    return ReasoningGymTask(config, levels, partial_credit=config.partial_credit)
 
 
 register_task("gym", _gym)

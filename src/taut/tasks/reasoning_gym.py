@@ -41,7 +41,7 @@ No partial credit. Many of the library's scorers give partial credit to an answe
 contains the right one (`chain_sum`: "17" for "7" scores 0.5, len(answer) / len(written)), and
 a reward that paid it would pay a policy for writing more than the answer. So a score below 1
 is wrong, and `Verdict.score` is None: rewards, `score_mean` and evaluation see correctness only.
-A task built with `ReasoningGymTask(config, partial_credit=True)` opts in: `Verdict.score` then
+A task with `partial_credit: true` in its recipe (`ReasoningGymTask(config, partial_credit=True)`) opts in: `Verdict.score` then
 keeps the library's score, which the trainer uses as the base reward.
 
 Splits never overlap: each (split, level) draws its problems from a generator seeded for that
@@ -104,7 +104,7 @@ class ReasoningGymTask:
         self.partial_credit = partial_credit          # Verdict.score keeps the library's score (module docstring)
         self.library_name = config.task.removeprefix(PREFIX)
         self.name = config.name or self.library_name
-        _check_name(self.library_name)
+        check_name(self.library_name)
         configs = level_configs(config)
         if levels:
             configs = {k: v for k, v in configs.items() if k in set(levels)}
@@ -237,11 +237,12 @@ def _dataset(name: str, fields: dict[str, Any], seed: int, size: int):
                                 f"{type(err).__name__}: {str(err) or 'a validation assert failed'}") from None
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
+    """A reasoning-gym task name the library knows; else an error suggesting the closest ones."""
     from reasoning_gym.factory import DATASETS
 
     if name not in DATASETS:
-        hint = difflib.get_close_matches(name, list(DATASETS), n=3)
+        hint = " or ".join(difflib.get_close_matches(name, list(DATASETS), n=3))
         raise ReasoningGymError(f"unknown reasoning-gym task {name!r}"
                                 f"{f' (did you mean {hint}?)' if hint else ''}; {len(DATASETS)} tasks are known, "
                                 f"e.g. chain_sum, gsm_symbolic, knights_knaves")
