@@ -140,13 +140,14 @@ def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_ru
     if dry_run:
         _print_config(cfg)
         return
+    from taut.preempt import stop_on_signals
     from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
     from taut.sft import train_sft
 
     run_dir = resume or out or default_run_dir("sft")
-    with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
-        final = train_sft(cfg, run_dir, resume=resume is not None, quiet=quiet)
+    with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite), stop_on_signals() as stop:
+        final = train_sft(cfg, run_dir, resume=resume is not None, quiet=quiet, stop=stop)
     _next(f"checkpoint: {final}", f"taut train --config builtin:grpo --set model.path={final}")
 
 
@@ -165,13 +166,14 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
         _print_config(cfg)
         out_console.print(plan_table(cfg))
         return
+    from taut.preempt import stop_on_signals
     from taut.rl.trainer import train_rl
     from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
 
     run_dir = resume or out or default_run_dir("train")
-    with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite):
-        final = train_rl(cfg, run_dir, resume=resume is not None, quiet=quiet)
+    with claim_run_dir(run_dir, resume=resume is not None, overwrite=overwrite), stop_on_signals() as stop:
+        final = train_rl(cfg, run_dir, resume=resume is not None, quiet=quiet, stop=stop)
     _next(f"run: {run_dir} (metrics.jsonl, checkpoints/, the run's checkpoint {final.name})",
           f"taut eval {run_dir} --with-start")
 
@@ -548,6 +550,7 @@ def speed_table(results: dict, vs: str | None):
 
 EXIT_ERROR = 2          # bad input, configuration, files, disk: the message says what to do
 EXIT_DIVERGED = 3       # training stopped because its weights or updates became NaN/inf
+EXIT_PREEMPTED = 4      # SIGTERM or SIGUSR1 (a batch scheduler): checkpoint written, --resume continues (taut.preempt)
 
 
 def failure(err: BaseException) -> tuple[int, str] | None:
@@ -587,7 +590,8 @@ def _os_error(err: OSError) -> str:
 
 
 def main() -> None:
-    """`taut`: errors a user can act on end with one line and exit code 2 (3: training diverged);
+    """`taut`: errors a user can act on end with one line and exit code 2 (3: training diverged;
+    4: stopped by SIGTERM or SIGUSR1 with its checkpoint written, taut.preempt);
     `--debug` (anywhere on the command line) or TAUT_DEBUG=1 also prints the traceback."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     debug = "--debug" in sys.argv[1:] or os.environ.get("TAUT_DEBUG", "") not in ("", "0")
@@ -595,6 +599,11 @@ def main() -> None:
     try:
         app()
     except Exception as err:
+        from taut.preempt import Preempted
+
+        if isinstance(err, Preempted):                # not an error: the run stopped where asked to
+            err_console.print(escape(str(err)), highlight=False, soft_wrap=True)
+            sys.exit(EXIT_PREEMPTED)
         known = failure(err)
         if known is None:
             raise

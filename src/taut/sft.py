@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from taut.checkpoint import latest_checkpoint, latest_intact_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
 from taut.config import RunConfig, to_yaml
 from taut.models import Policy, load_policy, resume_policy
+from taut.preempt import Preempted, StopRequest, resume_command
 from taut.rl.guard import NonFiniteGuard
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.trackers import open_trackers
@@ -120,17 +121,24 @@ def _draw_bucket(config: RunConfig, bucket: int) -> list[list[tuple[str, str]]]:
     return batches
 
 
-def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False) -> Path:
+def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False,
+              stop: StopRequest | None = None) -> Path:
+    """Supervised training on the SFT tasks into `run_dir`; returns the last checkpoint. `stop`
+    (taut.preempt): when it is set, the step under way finishes, its checkpoint is written and
+    `Preempted` is raised."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(config))
     sft = config.sft
     start = 0
+    window_loss, window_tokens = 0.0, 0              # the loss of the steps since the last metrics line
     if resume:
         remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
     if resume and (ckpt := latest_intact_checkpoint(run_dir)) is not None:
         policy = resume_policy(config.model, ckpt)
-        start = read_state(ckpt)["step"]
+        state = read_state(ckpt)
+        start = state["step"]
+        window_loss, window_tokens = state.get("window", (0.0, 0))   # a checkpoint between two metrics lines
     else:
         policy = load_policy(config.model, seed=config.seed)
     model = policy.model
@@ -143,7 +151,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
     guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps, section="sft")
 
-    tokens_seen, t0, window_loss, window_tokens = 0, time.perf_counter(), 0.0, 0
+    tokens_seen, t0 = 0, time.perf_counter()
     with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:
         for step in range(start, sft.steps):
             lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
@@ -173,8 +181,11 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
                            "tokens_per_s": tokens_seen / elapsed, "elapsed_s": elapsed})
                 progress.update(done, loss=window_loss / max(1, window_tokens))
                 window_loss, window_tokens = 0.0, 0
-            if done % sft.checkpoint_every == 0 or done == sft.steps:
-                save_checkpoint(run_dir, done, policy, {"kind": "sft"}, optimizer)
+            if done % sft.checkpoint_every == 0 or done == sft.steps or stop:
+                checkpoint = save_checkpoint(run_dir, done, policy, {"kind": "sft", "window": [window_loss, window_tokens]},
+                                             optimizer)
+                if stop and done < sft.steps:
+                    raise Preempted(stop.signal_name, done, checkpoint, resume_command("sft", run_dir))
     final = latest_checkpoint(run_dir)
     if not quiet:
         console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")

@@ -47,6 +47,7 @@ from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, Trip, 
 from taut.length import Strategy, build_strategy
 from taut.metrics import mean, percentile
 from taut.models import Policy, load_policy, restore_weights, resume_policy
+from taut.preempt import Preempted, StopRequest, resume_command
 from taut.rl.data import Sampler, build_pool
 from taut.rl.guard import NonFiniteGuard
 from taut.rl.objectives import LOSS_METRICS, build_objective, update
@@ -161,7 +162,11 @@ class Validator:
 # ---------------------------------------------------------------------------------------------
 
 
-def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False) -> Path:
+def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False,
+             stop: StopRequest | None = None) -> Path:
+    """Train `config`'s phases into `run_dir` and return the run's chosen checkpoint. `stop`
+    (taut.preempt, set by SIGTERM or SIGUSR1 under the CLI): when it is set, the step under way
+    finishes, its checkpoint is written and `Preempted` is raised."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = config.rl
@@ -253,14 +258,18 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
                 failpoints.reach("step-logged", run.step)
                 bar.update(run.step, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"], cap=cap,
                            phase=phase.name)
-                if validation or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None):
-                    run.commit(run_dir, policy, optimizer, log)
+                if validation or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None) or stop:
+                    checkpoint = run.commit(run_dir, policy, optimizer, log)
                     prune(run_dir, cfg.keep_checkpoints, run)
+                    if stop:
+                        raise Preempted(stop.signal_name, run.step, checkpoint, resume_command("train", run_dir))
 
             end_phase(run, phase, trip, run_dir, policy, optimizer, engine, log)
             failpoints.reach("phase-end", run.step)
-            run.commit(run_dir, policy, optimizer, log)
+            checkpoint = run.commit(run_dir, policy, optimizer, log)
             write_curriculum(run_dir, config, run)
+            if stop and run.phase_index < len(plan):
+                raise Preempted(stop.signal_name, run.step, checkpoint, resume_command("train", run_dir))
 
     # ---- the checkpoint the run stands for ---------------------------------------------------
     if latest_checkpoint(run_dir) is None:                 # a run of zero steps: its start
