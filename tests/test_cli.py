@@ -75,6 +75,16 @@ def test_validating_a_recipe_does_not_load_torch():
 # --- errors name their cause ------------------------------------------------------------------
 
 
+def test_recipes_into_a_pipe_are_whole_lines():
+    from taut.builtin_recipes import RECIPES, summary
+
+    result = invoke("recipes")
+    assert result.exit_code == 0
+    whole = summary(RECIPES / "real" / "siri-r1-distill-1.5b.yaml")
+    assert len(whole) > 80 and any(line.endswith(whole) for line in result.output.splitlines())
+    assert "…" not in result.output
+
+
 def test_a_set_with_a_space_for_its_equals_sign_says_so():
     result = invoke("train", "--config", "builtin:grpo", "--set", "rl.steps", "5", "--dry-run")
     assert result.exit_code == 2

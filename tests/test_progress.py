@@ -92,3 +92,16 @@ def test_eval_progress_names_the_checkpoint_and_the_task(tmp_path):
     progress = [line for line in proc.stderr.splitlines() if line.startswith("eval ")]
     assert progress and all(line.startswith("eval testbed-sft problem ") for line in progress), proc.stderr
     assert "task gym:add" in progress[0] and "task gym:parity" in progress[-1]
+
+
+def test_the_gguf_readers_bar_is_off_without_a_terminal(capsys):
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from taut.models import gguf_progress_on_terminals_only
+
+    list(gguf_utils.tqdm(range(3), desc="Converting"))                 # the library's bar, even into a pipe
+    assert "Converting" in capsys.readouterr().err
+    with gguf_progress_on_terminals_only():
+        list(gguf_utils.tqdm(range(3), desc="Converting"))
+    assert "Converting" not in capsys.readouterr().err
+    assert not isinstance(gguf_utils.tqdm, __import__("functools").partial)      # put back

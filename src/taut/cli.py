@@ -302,12 +302,18 @@ def recipes():
     from taut.builtin_recipes import RECIPES, builtin_names, summary
 
     names = builtin_names()
-    t = Table(title=f"built-in recipes ({RECIPES})", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    t.add_column("name", no_wrap=True, min_width=max(map(len, names)))
-    t.add_column("what it is", no_wrap=True, overflow="ellipsis")
-    for name in names:
-        t.add_row(name, summary(RECIPES / (name.removeprefix("builtin:") + ".yaml")))
-    out_console.print(t)
+    summaries = [summary(RECIPES / (name.removeprefix("builtin:") + ".yaml")) for name in names]
+    if not out_console.is_terminal:              # a pipe or a file: whole lines, for grep
+        width = max(map(len, names))
+        for name, text in zip(names, summaries):
+            out_console.print(f"{name:<{width}}  {text}", highlight=False, soft_wrap=True, markup=False)
+    else:                                        # a terminal: one line each, cut at its width
+        t = Table(title=f"built-in recipes ({RECIPES})", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+        t.add_column("name", no_wrap=True, min_width=max(map(len, names)))
+        t.add_column("what it is", no_wrap=True, overflow="ellipsis")
+        for name, text in zip(names, summaries):
+            t.add_row(name, text)
+        out_console.print(t)
     _next(f"files: {RECIPES} (plain YAML: copy one to edit it)", "taut train --config builtin:grpo --dry-run")
 
 

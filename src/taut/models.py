@@ -29,7 +29,9 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -497,8 +499,9 @@ def convert_gguf(path: Path, directory: Path) -> None:
 
     hf_logging.disable_progress_bar()
     where, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    with gguf_progress_on_terminals_only():
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     del config.quantization_config                 # the weights are plain tensors from here on
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -506,6 +509,22 @@ def convert_gguf(path: Path, directory: Path) -> None:
     model.generation_config = loaded.generation_config
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+@contextlib.contextmanager
+def gguf_progress_on_terminals_only() -> Iterator[None]:
+    """transformers' GGUF reader draws a tqdm bar that no setting turns off; in a log file its
+    carriage returns make one unreadable line. Without a terminal on stderr, the bar is off."""
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=not sys.stderr.isatty())
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _sha256(path: Path) -> str:
