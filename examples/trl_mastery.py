@@ -8,8 +8,8 @@ than the group's shortest correct one, only when the group's pass rate is at lea
 
 Optionally under a SIRI cap (`--siri`), as in SIRI's schedule plus a group-aware penalty.
 
-CPU, the tiny testbed model with random weights (about 15 seconds; it shows the wiring — a
-random model is never right, so the gate stays closed):
+CPU, the shipped testbed SFT model (`builtin:testbed-sft`; about 10 seconds for 8 steps: the
+log's `reward` and `grad_norm` move, and groups the model solves get the penalty):
 
     OMP_NUM_THREADS=1 python examples/trl_mastery.py
 
@@ -36,18 +36,19 @@ from taut.tasks import load_task
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="model directory (default: the tiny testbed model, random weights)")
-    p.add_argument("--task", default="gym:add", help="a taut task spec (gym:add, gym:train, …)")
+    p.add_argument("--model", default="builtin:testbed-sft",
+                   help="model directory, or builtin:testbed-sft (default: the shipped testbed SFT model)")
+    p.add_argument("--task", default="gym:train", help="a taut task spec (gym:train, gym:add, …)")
     p.add_argument("--problems-per-level", type=int, default=8)
     p.add_argument("--tau", type=float, default=1.0, help="gate: group pass rate at least tau")
     p.add_argument("--slack", type=float, default=0.0)
     p.add_argument("--alpha", type=float, default=1.0)
     p.add_argument("--max-penalty", type=float, default=0.5)
-    p.add_argument("--max-completion-length", type=int, default=24)
+    p.add_argument("--max-completion-length", type=int, default=64)
     p.add_argument("--siri", action="store_true", help="also cap rollouts with a cosine SIRI schedule")
-    p.add_argument("--l-min", type=int, default=8, help="SIRI's lowest cap (with --siri)")
+    p.add_argument("--l-min", type=int, default=24, help="SIRI's lowest cap (with --siri)")
     p.add_argument("--period", type=int, default=4, help="SIRI's cycle in steps (with --siri)")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--num-generations", type=int, default=4)
     p.add_argument("--per-device-batch", type=int, default=8, help="completions per process and step")
     p.add_argument("--lr", type=float, default=1e-4)
@@ -61,8 +62,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     on_gpu = torch.cuda.is_available()
-    source = {"preset": "tiny"} if args.model is None else {"path": args.model}
-    policy = load_policy(ModelConfig(**source, device="cpu", dtype="float32"), seed=args.seed)   # the trainer places it
+    policy = load_policy(ModelConfig(path=args.model, device="cpu", dtype="float32"), seed=args.seed)   # the trainer places it
     task = load_task(args.task)
     dataset = problems_dataset(task.problems("train", args.problems_per_level, seed=args.seed),
                                conversational=policy.chat)

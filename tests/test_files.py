@@ -121,8 +121,14 @@ def test_unknown_suffix_and_missing_file_are_errors(tmp_path):
     assert "current directory" not in str(absolute.value)
 
 
+def test_a_missing_builtin_data_file_lists_the_shipped_ones():
+    with pytest.raises(FileNotFoundError, match=r"no built-in data file 'builtin:math-small.jsonl'; built-in data files: "
+                                                r"builtin:math-tiny.jsonl"):
+        load_task(FileTaskConfig(path="builtin:math-small.jsonl"))
+
+
 def test_a_missing_relative_data_file_names_the_directory_it_was_looked_for_in(tmp_path, monkeypatch):
-    """A recipe's relative data path (examples/data/math-tiny.jsonl) run from another directory
+    """A recipe's relative data path (data/deepscaler.jsonl) run from another directory
     said only that the file does not exist."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=rf"'data/absent.jsonl' does not exist \(a relative path is read from the "
@@ -172,9 +178,11 @@ def test_budget_instruction_exact_verifier_and_the_file_shorthand(tmp_path):
     assert shorthand.name == "d" and len(shorthand.rows) == 1
 
 
-def test_the_shipped_example_file_verifies_its_own_solutions():
-    path = Path(__file__).parent.parent / "examples" / "data" / "math-tiny.jsonl"
-    task = FileTask(FileTaskConfig(path=str(path), columns={"prompt": "problem", "answer": "answer", "response": "solution"}))
+def test_the_shipped_example_file_verifies_its_own_solutions(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                    # builtin: is read from the package, wherever taut runs
+    task = FileTask(FileTaskConfig(path="builtin:math-tiny.jsonl",
+                                   columns={"prompt": "problem", "answer": "answer", "response": "solution"}))
+    assert task.name == "math-tiny"
     problems = [p for split in ("train", "validation", "test") for p in task.problems(split, 1000)]
     assert len(problems) == len(task.rows) >= 40
     assert all(len(task.problems(split, 1000)) > 0 for split in ("train", "validation", "test"))

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from taut.config import ModelConfig, RunConfig
 
 ROOT = Path(__file__).parent.parent
-MATH_TINY = ROOT / "examples" / "data" / "math-tiny.jsonl"
+MATH_TINY = "builtin:math-tiny.jsonl"
 MATH_COLUMNS = {"prompt": "problem", "answer": "answer"}
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")

@@ -111,13 +111,26 @@ class PromptLimit:
 # ---------------------------------------------------------------------------------------------
 
 
+BUILTIN = "builtin:"
+SHIPPED_DATA = Path(__file__).resolve().parent.parent / "data"      # src/taut/data: data files taut ships
+
+
+def data_path(spec: str) -> Path:
+    """The file a task's `path` names: `builtin:<name>` is a file taut ships (`builtin:math-tiny.jsonl`),
+    anything else a path, a relative one read from the current directory."""
+    return SHIPPED_DATA / spec.removeprefix(BUILTIN) if spec.startswith(BUILTIN) else Path(spec)
+
+
 def _missing(config: FileTaskConfig) -> FileNotFoundError:
+    if config.path.startswith(BUILTIN):
+        shipped = ", ".join(BUILTIN + p.name for p in sorted(SHIPPED_DATA.glob("*.jsonl")))
+        return FileNotFoundError(f"no built-in data file {config.path!r}; built-in data files: {shipped or 'none'}")
     where = "" if Path(config.path).is_absolute() else f" (a relative path is read from the current directory, {Path.cwd()})"
     return FileNotFoundError(f"data file {config.path!r} does not exist{where}")
 
 
 def resolve_format(config: FileTaskConfig) -> str:
-    path = Path(config.path)
+    path = data_path(config.path)
     if not path.exists():
         raise _missing(config)
     if config.format != "auto":
@@ -191,7 +204,7 @@ def _check_utf8(path: Path) -> None:
 def read_rows(config: FileTaskConfig) -> list[Row]:
     """Every row of a data file, validated (`DataError` at the first bad one)."""
     fmt = resolve_format(config)
-    path = Path(config.path)
+    path = data_path(config.path)
     cols = config.columns
     rows: list[Row] = []
     seen_ids: dict[str, str] = {}
@@ -281,7 +294,7 @@ _CACHE: dict[tuple, list[Row]] = {}
 
 def cached_rows(config: FileTaskConfig) -> list[Row]:
     """`read_rows`, remembered while the file is unchanged (tasks are loaded by several stages)."""
-    path = Path(config.path)
+    path = data_path(config.path)
     if not path.exists():
         raise _missing(config)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -307,7 +320,7 @@ class FileTask:
         if config.verifier == "math" and importlib.util.find_spec("math_verify") is None:
             raise ImportError(f"task {config.path!r} uses the math verifier: install the math extra (pip install 'taut[math]')")
         self.config = config
-        self.name = config.name or Path(config.path).stem
+        self.name = config.name or data_path(config.path).stem
         rows = cached_rows(config)
         if levels:
             if config.columns.difficulty is None:
