@@ -255,6 +255,33 @@ def test_missing_extra_names_the_install_command(monkeypatch):
         _task("reasoning-gym:chain_sum")
 
 
+def test_a_misspelt_task_is_caught_by_dry_run_with_readable_suggestions():
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--config", "builtin:grpo", "--set", "data.train=[reasoning-gym:chain_sun]",
+                                      "--dry-run"])
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    assert "unknown reasoning-gym task 'chain_sun' (did you mean chain_sum" in line and "['" not in line
+
+
+def test_without_the_extra_dry_run_fails_with_one_line(monkeypatch):
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "reasoning_gym" else real(name, *a))
+    result = CliRunner().invoke(app, ["train", "--config", "builtin:real/siri-smollm2-gym", "--dry-run"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "needs the 'reasoning_gym' package: pip install 'taut[gym]'" in lines[0], result.output
+
+
 def test_curriculum_run_on_a_mixture_trains_validates_and_reports_per_level(tmp_path):
     from test_real_models import tiny_chat_model
 

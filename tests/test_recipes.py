@@ -144,3 +144,81 @@ def test_recipe_micro_run(path, tmp_path):
         strategy = config.strategy
         expected = EXPECTED_CAPS.get((strategy.name, strategy.schedule if strategy.name == "siri" else None), [48, 48, 48])
         assert [r["cap"] for r in steps] == expected
+
+
+def test_every_recipe_and_builtin_name_the_docs_give_exists():
+    """The README and docs name recipes as builtin:<name>, which work wherever taut is installed,
+    and every such name resolves (a renamed recipe leaves no stale command behind)."""
+    import re
+
+    from taut.builtin_recipes import resolve_recipe
+    from taut.tasks.files import SHIPPED_DATA
+    from taut.models import ASSETS
+
+    root = Path(__file__).resolve().parent.parent
+    docs = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    names = set()
+    for doc in docs:
+        text = doc.read_text()
+        assert not re.search(r"--config recipes/", text), f"{doc.name}: a recipes/ path a wheel does not carry"
+        for name in re.findall(r"builtin:([\w/.{},-]+)", text):
+            names |= {(doc.name, n) for n in _expand(name.rstrip(".,"))}
+    assert len(names) > 10
+    for doc, name in names:
+        if name.endswith(".jsonl"):
+            assert (SHIPPED_DATA / name).is_file(), (doc, name)
+        elif (ASSETS / name).is_dir():
+            continue                                          # a shipped model: builtin:testbed-sft
+        else:
+            resolve_recipe(f"builtin:{name}")
+
+
+def _expand(name: str) -> list[str]:
+    """`real/smollm2-arith-{control,siri}` → both names."""
+    import re
+
+    match = re.search(r"\{([^}]*)\}", name)
+    if not match:
+        return [name]
+    return [n for part in match.group(1).split(",") for n in _expand(name[:match.start()] + part + name[match.end():])]
+
+
+def _doc_commands() -> list[tuple[str, str]]:
+    """(doc, command) for each `taut train|sft|demo|eval` line in the README's and docs' code
+    blocks that names no placeholder and no run of its own (continuation lines joined)."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        block, pending = False, ""
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                block, pending = not block, ""
+                continue
+            if not block:
+                continue
+            line = pending + line.split("  #")[0].strip()
+            pending = line[:-1] + " " if line.endswith("\\") else ""
+            if pending or not re.match(r"taut (train|sft|demo|eval)( |$)", line):
+                continue
+            if re.search(r"[<$\[]|\.\.|RUN|--resume", line):
+                continue                                      # a placeholder, a shell variable, an option list
+            if line.startswith("taut eval ") and not line.split()[2].startswith(("pypi:", "builtin:")):
+                continue                                      # evaluates a run the doc trained first
+            found.append((doc.name, line))
+    return found
+
+
+@pytest.mark.parametrize("doc,command", _doc_commands())
+def test_every_command_the_docs_give_validates_as_written(doc, command, tmp_path, monkeypatch):
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = shlex.split(command)[1:]
+    result = CliRunner().invoke(app, args if "--dry-run" in args else [*args, "--dry-run"])
+    assert result.exit_code == 0, f"{doc}: {command}\n{result.output}"

@@ -64,3 +64,18 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_outside_the_repository(tmp_pat
     listed = run(taut, "recipes", cwd=work, env={**env, "COLUMNS": "100"})
     assert "builtin:demo" in listed and "builtin:real/siri-r1-distill-1.5b" in listed
     assert "compression" in run(taut, "demo", "--dry-run", cwd=work, env=env)
+    # every shipped recipe validates there, with the command it is for
+    for name in [line.split()[0] for line in listed.splitlines() if line.startswith("builtin:")]:
+        if name.removeprefix("builtin:").startswith("bench"):
+            continue                                         # a matrix of runs: tests/test_recipes.py parses it
+        command = "sft" if "sft" in name.split("/")[-1].split("-")[:2] else "train"
+        run(taut, command, "--config", name, "--dry-run", cwd=work, env=env)
+    # the shipped data file the r1-distill recipes train on is in the wheel
+    rows = run(python, "-c", "from taut.builtin_recipes import resolve_recipe; from taut.config import load_config; "
+               "from taut.tasks.files import read_rows; "
+               "print(len(read_rows(load_config(resolve_recipe('builtin:real/siri-r1-distill-1.5b')).data.train[0])))",
+               cwd=work, env=env)
+    assert int(rows) == 41
+    # an evaluation of a shipped model goes to the current directory, not into the installed package
+    run(taut, "eval", "builtin:testbed-sft", "--tasks", "gym:add", "--set", "eval.n_per_level=1", "--quiet", cwd=work, env=env)
+    assert (work / "runs" / "eval" / "testbed-sft.json").is_file() and not (site / "taut" / "assets" / "testbed-sft" / "eval").exists()
