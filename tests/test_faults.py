@@ -662,7 +662,8 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_with_a_warning(tmp_path, 
     with open(torn / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "phase": "main", "rew')                       # killed during an append
     train_rl(config, torn, resume=True, quiet=True)
-    assert "torn last line" in " ".join(capsys.readouterr().err.split())
+    warning = " ".join(capsys.readouterr().err.split())
+    assert "metrics.jsonl:4:dropped" in warning.replace(" ", "") and "its step will be redone" in warning
     strip = lambda run: [{k: v for k, v in json.loads(line).items() if not k.endswith(("_time", "_per_s"))}  # noqa: E731
                          for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert strip(torn) == strip(clean)
@@ -690,3 +691,24 @@ def test_sft_undoes_or_stops_on_non_finite_weights_and_names_its_own_keys(tmp_pa
     else:
         with pytest.raises(TrainingDiverged, match=r"sft step 1 .*no snapshot.*set sft\.undo_nonfinite_steps: true"):
             _toy_sft(tmp_path, max_nonfinite_skips=2, undo_nonfinite_steps=False)
+
+
+def test_a_damaged_last_line_the_checkpoint_covers_is_reported_lost_not_redone(tmp_path, capsys):
+    """The last line of a step whose checkpoint is intact, damaged afterwards: resuming said the
+    step would be redone, but it was not, and the line silently went missing."""
+    from taut.rl.trainer import train_rl
+
+    config = _toy_run(steps=4)
+    run = tmp_path / "run"
+    train_rl(config.model_copy(update={"rl": config.rl.model_copy(update={"steps": 2})}), run, quiet=True)
+    log = run / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == 2
+    log.write_text("\n".join(lines[:-1] + [lines[-1][:25]]) + "\n")        # step 2's line, damaged
+    train_rl(config, run, resume=True, quiet=True)
+    warning = " ".join(capsys.readouterr().err.split())
+    assert f"{log}:{len(lines)}:droppedatornlastline" in warning.replace(" ", "")
+    assert "already covers its step, so the step is not redone and the line is lost" in warning
+    assert "fewer than" not in warning
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if "event" not in line]
+    assert steps == [1, 3, 4]

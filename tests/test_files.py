@@ -121,6 +121,13 @@ def test_unknown_suffix_and_missing_file_are_errors(tmp_path):
     assert "current directory" not in str(absolute.value)
 
 
+def test_a_field_given_twice_in_a_jsonl_row_is_an_error(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": "5", "answer": "4"}\n')
+    with pytest.raises(DataError, match=r"d.jsonl:2: field 'answer' is given twice in the row"):
+        read_rows(FileTaskConfig(path=str(path)))
+
+
 def test_a_missing_builtin_data_file_lists_the_shipped_ones():
     with pytest.raises(FileNotFoundError, match=r"no built-in data file 'builtin:math-small.jsonl'; built-in data files: "
                                                 r"builtin:math-tiny.jsonl"):

@@ -180,6 +180,9 @@ def test_compare_errors_say_what_to_do(two_runs, tmp_path):
         compare([empty], tmp_path / "out")
     with pytest.raises(ValueError, match="one --label per run"):
         compare(two_runs, tmp_path / "out", labels=["only-one"])
+    # a missing run is named, not the other run's missing evaluations
+    with pytest.raises(FileNotFoundError, match=r"^no such run directory: .*absent$"):
+        compare([empty, tmp_path / "absent"], tmp_path / "out")
 
 
 def phased_run(two_runs, tmp_path) -> Path:

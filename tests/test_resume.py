@@ -60,17 +60,28 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def test_a_crash_while_writing_leaves_no_step_directory(tmp_path, tiny_policy, monkeypatch):
+    """A disk that fills during a checkpoint write: safetensors' error becomes the OSError it is
+    (one line from the CLI), and nothing of the unfinished checkpoint stays on the full disk."""
+    import errno
+
+    from safetensors import SafetensorError
+
     import taut.checkpoint as ck
 
     def crash(*args, **kwargs):
-        raise OSError("disk full")
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                              'message: "No space left on device" })')
 
     monkeypatch.setattr(ck, "_save_optimizer", crash)
     optimizer = torch.optim.AdamW(tiny_policy.model.parameters())
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as raised:
         save_checkpoint(tmp_path, 7, tiny_policy, {"kind": "rl"}, optimizer)
+    assert raised.value.errno == errno.ENOSPC and ".tmp-step-000007" in raised.value.filename
+    from taut.cli import failure
+
+    assert failure(raised.value)[1].endswith("no space left on the device: free space, or write the run elsewhere with --out")
     assert list_checkpoints(tmp_path) == []
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f".tmp-step-000007-{os.getpid()}"]
+    assert list((tmp_path / "checkpoints").iterdir()) == []
     monkeypatch.undo()
     path = save_checkpoint(tmp_path, 7, tiny_policy, {"kind": "rl"}, optimizer)
     _assert_complete(path)

@@ -90,15 +90,22 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_policy(policy, tmp)
-    if optimizer is not None:
-        _save_optimizer(optimizer, tmp)
-    if generators:
-        save_file({name: g.get_state() for name, g in generators.items()}, str(tmp / "rng.safetensors"))
-    _write_json(tmp / STATE, {"step": step, **state})
-    failpoints.reach("checkpoint-write", step)
-    _write_json(tmp / MANIFEST, _manifest(tmp))          # last: it vouches for everything above
-    _fsync_tree(tmp)
+    try:
+        save_policy(policy, tmp)
+        if optimizer is not None:
+            _save_optimizer(optimizer, tmp)
+        if generators:
+            save_file({name: g.get_state() for name, g in generators.items()}, str(tmp / "rng.safetensors"))
+        _write_json(tmp / STATE, {"step": step, **state})
+        failpoints.reach("checkpoint-write", step)
+        _write_json(tmp / MANIFEST, _manifest(tmp))          # last: it vouches for everything above
+        _fsync_tree(tmp)
+    except Exception as err:                 # a failed write (a full disk) leaves nothing behind on that disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        converted = _as_os_error(err, tmp)
+        if converted is err:
+            raise
+        raise converted from err
     if final.exists():                       # re-saving a step after a resume: swap, then drop the old
         old = root / f".tmp-old-{final.name}-{os.getpid()}"
         os.rename(final, old)
@@ -108,6 +115,18 @@ def save_checkpoint(
         os.rename(tmp, final)
     _fsync_dir(root)
     return final
+
+
+def _as_os_error(err: Exception, where: Path) -> Exception:
+    """safetensors reports an I/O failure as `SafetensorError('… Os { code: 28, … }')`: as the
+    OSError it is (errno and path), so that it ends in one line; any other error unchanged."""
+    if isinstance(err, OSError):
+        return err
+    match = re.search(r"(?:os error |Os \{ code: )(\d+)", str(err))
+    if match is None:
+        return err
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code), str(where))
 
 
 def require_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, step: int | None = None) -> None:

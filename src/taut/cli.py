@@ -115,6 +115,17 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _resume_recipe(run_dir: Path) -> Path:
+    """The recipe a run directory was started with, or an error saying what the directory is."""
+    recipe = run_dir / "config.yaml"
+    if not recipe.is_file():
+        if not run_dir.exists():
+            _fail(f"--resume {run_dir}: no such run directory")
+        _fail(f"--resume {run_dir}: not a run directory (no config.yaml); resume the directory a run wrote, "
+              f"or start one there with --config RECIPE --out {run_dir}")
+    return recipe
+
+
 def _print_config(config: RunConfig) -> None:
     from rich.syntax import Syntax
 
@@ -135,7 +146,7 @@ def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_ru
         resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """Supervised cold start on the SFT tasks."""
     if resume is not None:
-        config = config or resume / "config.yaml"
+        config = config or _resume_recipe(resume)
     cfg = _config(config, set)
     if dry_run:
         _print_config(cfg)
@@ -156,7 +167,7 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
           resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """RL training (GRPO with the recipe's length strategy)."""
     if resume is not None:
-        config = config or resume / "config.yaml"
+        config = config or _resume_recipe(resume)
     elif config is None:
         err_console.print("[red]error:[/red] taut train needs a recipe: --config RECIPE (e.g. --config recipes/grpo.yaml), "
                           "or --config default for the built-in defaults (plain GRPO, 100 steps, on the testbed)", soft_wrap=True)
@@ -230,7 +241,9 @@ def eval_cmd(
     overrides = [f"model.path={target}", "model.preset=null", *(set or [])]   # the model is the target
     if tasks:
         overrides.append(f"eval.tasks={json.dumps(tasks.split(','))}")
-    if samples:
+    if samples is not None:
+        if samples < 1:
+            _fail(f"--samples {samples}: give at least 1 sample per problem")
         overrides.append(f"eval.samples={samples}")
     cfg = _config(config, overrides)
     jobs = [(target, out)]

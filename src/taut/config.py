@@ -404,7 +404,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), model
             raise ConfigError(f"{source}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x}); save the recipe as UTF-8") from None
         try:
             raw = yaml.safe_load(text) or {}
-            lines = _key_lines(text)
+            lines = _key_lines(text, source)
         except yaml.YAMLError as err:
             raise ConfigError(f"{source}: not valid YAML: {err}") from None
         if not isinstance(raw, dict):
@@ -463,15 +463,23 @@ def to_yaml(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def _key_lines(text: str) -> dict[tuple, int]:
-    """Map each key path of a YAML document to its 1-based line number."""
+def _key_lines(text: str, source: str = "<recipe>") -> dict[tuple, int]:
+    """Map each key path of a YAML document to its 1-based line number. A key written twice in
+    one mapping is an error (YAML loaders keep the last silently)."""
     out: dict[tuple, int] = {}
 
     def walk(node, prefix):
         if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
             for k, v in node.value:
                 path = prefix + (k.value,)
-                out[path] = k.start_mark.line + 1
+                line = k.start_mark.line + 1
+                if k.value in seen:
+                    dotted = ".".join(map(str, path))
+                    raise ConfigError(f"{source}:{line}: {dotted} is given twice (lines {seen[k.value]} and {line}); "
+                                      f"keep one")
+                seen[k.value] = line
+                out[path] = line
                 walk(v, path)
         elif isinstance(node, yaml.SequenceNode):
             for i, v in enumerate(node.value):
@@ -504,10 +512,10 @@ def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: d
 
 
 def _blame(loc: tuple, source: str, lines: dict[tuple, int], overridden: dict[tuple, str]) -> str:
-    """Where a bad value came from: the last `--set` that wrote it (or a key above it), else the
-    recipe line, else the recipe."""
+    """Where a bad value came from: the last `--set` that wrote it, a key above it or a key inside
+    it (`--set rl.lr.x=3` turns rl.lr into a mapping), else the recipe line, else the recipe."""
     for path, item in reversed(overridden.items()):
-        if loc[:len(path)] == path:
+        if loc[:len(path)] == path or loc and len(path) == len(loc) + 1 and path[:len(loc)] == loc:
             return f"--set {item}"
     return f"{source}:{lines[loc]}" if loc in lines else source
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -32,8 +33,9 @@ class MetricsLog:
     A fresh log starts empty. On resume the log is cut back to what the checkpoint being
     resumed from covers — its first `committed` lines (the RL trainer records that count in every
     checkpoint), or the lines up to `resume_step` — so that it reads as one uninterrupted run.
-    A torn last line (a kill during an append) is dropped with a warning; the cut is written
-    atomically.
+    A torn last line (a kill during an append) is dropped with a warning that says whether its
+    step will be redone (the checkpoint does not cover it) or the line is lost (it does: a file
+    damaged after the checkpoint was written); the cut is written atomically.
     """
 
     def __init__(self, path: Path, resume_step: int | None = None, committed: int | None = None,
@@ -45,9 +47,18 @@ class MetricsLog:
         if resume_step is None and committed is None:
             self.path.write_text("")
             return
-        records = _complete_lines(self.path) if self.path.exists() else []
+        records, torn = _complete_lines(self.path) if self.path.exists() else ([], None)
+        if torn is not None:
+            # the torn line is the log's next line: redone if the checkpoint does not cover it, else lost
+            step = re.search(r'"step":\s*(-?\d+)', torn)
+            covered = len(records) < committed if committed is not None else step is not None and int(step[1]) <= resume_step
+            where = f"{self.path}:{len(records) + 1}"
+            fate = ("the checkpoint resumed from already covers its step, so the step is not redone and the line is "
+                    "lost" if covered else "its step will be redone and the line written again")
+            console.print(f"[yellow]warning: {where}: dropped a torn last line (the run was stopped while writing "
+                          f"it, or the file was damaged); {fate}[/yellow]")
         if committed is not None:
-            if len(records) < committed:
+            if len(records) < committed and not (torn is not None and len(records) + 1 == committed):
                 console.print(f"[yellow]warning: {self.path} holds {len(records)} lines, fewer than the {committed} "
                               f"its checkpoint covers; continuing after them[/yellow]")
             kept = records[:committed]
@@ -66,19 +77,18 @@ class MetricsLog:
             self.forward(record)
 
 
-def _complete_lines(path: Path) -> list[str]:
-    """The log's lines, without a torn last one; a damaged line elsewhere is an error naming it."""
+def _complete_lines(path: Path) -> tuple[list[str], str | None]:
+    """The log's complete lines and its torn last line, if any; a damaged line elsewhere is an
+    error naming it."""
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     for number, line in enumerate(lines, 1):
         try:
             json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):
-                console.print(f"[yellow]warning: {path}:{number}: dropped a torn last line (the run was killed "
-                              f"while writing it); its step will be redone[/yellow]")
-                return lines[:-1]
+                return lines[:-1], line
             raise ValueError(f"{path}:{number}: not a JSON record; the metrics log is damaged") from None
-    return lines
+    return lines, None
 
 
 def _step_of(line: str) -> int:

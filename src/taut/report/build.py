@@ -26,6 +26,9 @@ def compare(run_dirs: list[Path], out: Path, labels: list[str] | None = None) ->
     """
     if not run_dirs:
         raise ValueError("compare needs at least one run directory")
+    missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
+    if missing:                                  # before any run's evaluations are read: name what is absent
+        raise FileNotFoundError(f"no such run directory: {', '.join(missing)}")
     runs = [load_run(Path(d), label) for d, label in zip(run_dirs, unique_labels(run_dirs, labels))]
     return write_report(runs, Path(out), title="taut report: " + ", ".join(r.label for r in runs))
 

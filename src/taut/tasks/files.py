@@ -143,6 +143,20 @@ def resolve_format(config: FileTaskConfig) -> str:
                     f"set format to one of jsonl, parquet, csv, datasets")
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct (json.loads keeps the last of a repeated key)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _records(path: Path, fmt: str) -> Iterator[tuple[str, Any, Split | None]]:
     """(location, record, split declared by the source) for every row, in file order."""
     if fmt == "jsonl":
@@ -153,9 +167,11 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[str, Any, Split | None]]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError as err:
                     raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+                except _DuplicateKey as err:
+                    raise DataError(f"{where}: field {err.args[0]!r} is given twice in the row; keep one") from None
                 yield where, record, None
     elif fmt == "csv":
         _check_utf8(path)
