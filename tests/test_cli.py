@@ -300,7 +300,8 @@ def test_compare_table_fits_80_columns():
 
     row = {"label": "mastery-curriculum-seed1", "chosen": "step-000160", "accuracy": 0.93, "tokens_mean": 31.5,
            "tokens_p90": 60.0, "tokens_change_pct": -18.8, "accuracy_change_pp": 1.2, "redundancy": 0.12,
-           "in_domain_accuracy": 0.94, "in_domain_tokens": 30.0, "held_out_accuracy": 0.9, "held_out_tokens": 35.0}
+           "in_domain_accuracy": 0.94, "in_domain_tokens": 30.0, "held_out_accuracy": 0.9, "held_out_tokens": 35.0,
+           "tokens_per_correct": 133.9, "overthinking_tokens": 12.5, "underthinking_pp": -12.5}
     lines = render(rich_table([row, {**row, "label": "grpo"}]))
     assert max(map(len, lines)) <= 80
     assert "mastery-curriculum-seed1" in "\n".join(lines)

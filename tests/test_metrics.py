@@ -104,3 +104,56 @@ def test_report_aggregates_redundancy_accuracy_and_pass_at_k():
     assert result["by_level"]["1"]["accuracy"] == 1.0 and result["by_level"]["2"]["accuracy"] == 0.5
     assert overall["budget_accuracy"]["8"] == 0.25     # two responses fit in 8 tokens, one of them correct
     assert result["by_level"]["2"]["coverage"] == pytest.approx(0.5)   # the wrong direct answer covers no step
+
+
+# --- efficiency measures, on hand-made outcomes: problem → [(length, correct), …] -----------------
+
+
+def test_tokens_per_correct_counts_every_token_spent():
+    from taut.metrics import tokens_per_correct
+
+    assert tokens_per_correct({"a": [(10, True), (30, False)], "b": [(20, True), (40, False)]}) == 100 / 2
+    assert math.isnan(tokens_per_correct({"a": [(10, False)]}))
+
+
+def test_overthinking_is_mean_spend_over_the_shortest_correct_answer():
+    from taut.metrics import overthinking, shortest_correct
+
+    mine = {"a": [(10, True), (30, False)],      # mean 20, shortest correct 10 → 10
+            "b": [(20, True), (40, True)],       # mean 30, shortest 20 → 10
+            "c": [(50, False)]}                  # no correct answer: not counted (local)
+    assert overthinking(mine) == 10
+    theirs = {"a": [(4, True)], "c": [(25, True)]}
+    floor = shortest_correct(mine, theirs)
+    assert floor == {"a": 4, "b": 20, "c": 25}
+    assert overthinking(mine, floor) == pytest.approx(((20 - 4) + (30 - 20) + (50 - 25)) / 3)   # global: c counts
+    assert overthinking({"a": [(7, True)]}) == 0                       # one sample: 0 by construction
+    assert math.isnan(overthinking({"c": [(50, False)]}))
+
+
+def test_underthinking_is_accuracy_lost_on_what_the_start_solved():
+    from taut.metrics import underthinking
+
+    start = {"a": [(30, True), (30, True)], "b": [(30, True), (30, False)], "c": [(30, False), (30, False)],
+             "d": [(30, True)]}
+    now = {"a": [(5, False), (5, True)], "b": [(5, True), (5, True)], "c": [(5, True), (5, True)]}
+    # solved by the start (≥ 1/2): a (1 → 1/2: lost 1/2) and b (1/2 → 1: gained 1/2); d not evaluated now
+    assert underthinking(start, now) == (0.0, 2)
+    assert underthinking(start, {"a": [(5, False)]}) == (1.0, 1)
+    value, counted = underthinking({"c": [(1, False)]}, now)
+    assert math.isnan(value) and counted == 0
+
+
+def test_the_evaluation_reports_tokens_per_correct_and_local_overthinking():
+    task = GymTask(["add"])
+    problem = Instance(DOMAINS["add"], 1, (3, 4)).to_problem()
+    right, long_right = problem.data.minimal_response(), problem.data.render(think=True)
+    samples = []
+    for words in (right, long_right, "</think> answer 9".split()):
+        vocab = list(dict.fromkeys([*words, "<eos>"]))
+        samples.append(grade(task, problem, _policy_for(vocab), [vocab.index(w) for w in [*words, "<eos>"]],
+                             truncated=False, budgets=[]))
+    lengths = [s.length for s in samples]
+    overall = report(samples, EvalConfig(budgets=[]), {"checkpoint": "x"})["overall"]
+    assert overall["tokens_per_correct"] == pytest.approx(sum(lengths) / 2)
+    assert overall["overthinking_tokens"] == pytest.approx(sum(lengths) / 3 - lengths[0])

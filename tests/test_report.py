@@ -141,7 +141,9 @@ def test_compare_command_writes_a_self_contained_report_of_the_eval_numbers(two_
         assert row["tokens_change_pct"] == pytest.approx(
             100 * (last["overall"]["tokens_mean"] - first["overall"]["tokens_mean"]) / first["overall"]["tokens_mean"])
         assert row["held_out_accuracy"] is None                                        # gym:add has no held-out part
+        assert row["tokens_per_correct"] == last["overall"]["tokens_per_correct"]
 
+    assert "efficiency" in result.output and "overthinking" in result.output
     points = [(t, a) for r in pareto["runs"] for t, a in zip(r["tokens_mean"], r["accuracy"])]
     expected = [points[i] for i in pareto_frontier(points)]
     assert [(f["tokens_mean"], f["accuracy"]) for f in pareto["frontier"]] == expected
@@ -183,6 +185,31 @@ def test_compare_errors_say_what_to_do(two_runs, tmp_path):
     # a missing run is named, not the other run's missing evaluations
     with pytest.raises(FileNotFoundError, match=r"^no such run directory: .*absent$"):
         compare([empty, tmp_path / "absent"], tmp_path / "out")
+
+
+def test_compare_reports_overthinking_and_underthinking_from_the_samples(two_runs, tmp_path):
+    """Samples written by hand into copies of the runs: the report's measures, by hand."""
+    def samples(run, name, rows):
+        (run / "eval" / f"{name}.samples.jsonl").write_text(
+            "".join(json.dumps({"problem_id": p, "length": n, "correct": c}) + "\n" for p, n, c in rows))
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for src, dst in zip(two_runs, (a, b)):
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    samples(a, "step-000000", [("p", 40, True), ("p", 40, True), ("q", 60, True), ("q", 60, False)])
+    samples(a, "step-000002", [("p", 10, True), ("p", 30, False), ("q", 20, False), ("q", 20, False)])
+    samples(b, "step-000000", [("p", 50, False), ("p", 50, False), ("q", 70, False), ("q", 70, False)])
+    samples(b, "step-000002", [("p", 8, True), ("p", 12, True), ("q", 30, True), ("q", 50, False)])
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "report" / "report.json").read_text())["table"]
+    # shortest correct over all four evaluations: p 8 (b, step 2), q 30 (b, step 2)
+    assert rows[0]["overthinking_tokens"] == pytest.approx(((20 - 8) + (20 - 30)) / 2)
+    assert rows[1]["overthinking_tokens"] == pytest.approx(((10 - 8) + (40 - 30)) / 2)
+    # a's start solved p (1) and q (1/2): now 1/2 and 0 → lost (1/2 + 1/2) / 2; b's start solved nothing
+    assert rows[0]["underthinking_pp"] == pytest.approx(50.0) and rows[0]["underthinking_problems"] == 2
+    assert rows[1]["underthinking_pp"] is None and rows[1]["underthinking_problems"] == 0
+    assert "efficiency" in result.output and "+50.0pp" in result.output
 
 
 def phased_run(two_runs, tmp_path) -> Path:

@@ -408,12 +408,13 @@ def compare(
 ):
     """Compare runs: accuracy vs tokens with the Pareto frontier, budgets, training dynamics; writes report.html."""
     from taut.report import compare as write_comparison
-    from taut.report.summary import rich_table
+    from taut.report.summary import efficiency_table, rich_table
     from taut.report.transfer import rich_table as transfer_table
 
     path = write_comparison(runs, out, labels=label)
     data = json.loads((path.parent / "report.json").read_text())
     out_console.print(rich_table(data["table"]))
+    out_console.print(efficiency_table(data["table"]))
     transfer = data["figures"].get("transfer_by_suite")
     for run in (transfer or {}).get("data", {}).get("runs", []):     # evaluations with unseen suites
         out_console.print(transfer_table(run["rows"], f"transfer: {run['label']} ({run['from']} → {run['to']})"))

@@ -26,7 +26,7 @@ from rich import box
 from rich.table import Table
 
 from taut.config import EvalConfig
-from taut.metrics import histogram, mean, pass_at_k, percentile
+from taut.metrics import histogram, mean, overthinking, pass_at_k, percentile, tokens_per_correct
 from taut.models import Policy
 from taut.rollout import RolloutEngine, Rollouts, SamplingParams, build_engine
 from taut.tasks import Problem, Task
@@ -132,6 +132,17 @@ def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], trunc
     return sample
 
 
+def outcomes(samples: list[Sample] | list[dict[str, Any]]) -> dict[str, list[tuple[int, bool]]]:
+    """Problem id → its samples' (length, correct), from Samples or their JSON records."""
+    out: dict[str, list[tuple[int, bool]]] = defaultdict(list)
+    for s in samples:
+        if isinstance(s, dict):
+            out[s["problem_id"]].append((s["length"], s["correct"]))
+        else:
+            out[s.problem_id].append((s.length, s.correct))
+    return dict(out)
+
+
 def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
     if not samples:
         return {"n_samples": 0}
@@ -155,6 +166,10 @@ def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
         "budget_accuracy": {str(b): mean([s.budget_correct[i] for s in samples]) for i, b in enumerate(budgets)},
         "correct_tokens_mean": mean([s.length for s in samples if s.correct]),
         "wrong_tokens_mean": mean([s.length for s in samples if not s.correct]),
+        # efficiency without an oracle (taut.metrics): tokens spent per correct answer, and
+        # ThoughtTerminator's local overthinking (mean spend over the shortest correct sample)
+        "tokens_per_correct": tokens_per_correct(outcomes(samples)),
+        "overthinking_tokens": overthinking(outcomes(samples)),
     }
     oracle = [s for s in samples if s.redundant_tokens is not None]
     if oracle:
@@ -223,17 +238,20 @@ def table(result: dict[str, Any], title: str = "evaluation") -> Table:
     other tasks' longer names."""
     oracle = "redundancy" in result["overall"]
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False,
-              caption="pass@k: k = samples per problem; trunc: share hitting the cap (never correct); t-ok: how many "
-                      "of those held the right answer" + ("; redund: redundant-token share" if oracle else ""),
+              caption="pass@k: k = samples per problem; tpc: tokens spent per correct answer; trunc: share hitting "
+                      "the cap (never correct); t-ok: how many of those held the right answer"
+                      + ("; redund: redundant-token share" if oracle else ""),
               caption_justify="left")
-    columns = ["domain/level", "acc", "pass@k", "tokens", "p90", "trunc", "t-ok"] + ["redund", "thinks", "rounds"] * oracle
+    columns = ["domain/level", "acc", "pass@k", "tokens", "tpc", "trunc", "t-ok"] + ["redund", "thinks", "rounds"] * oracle
     for col in columns:
         t.add_column(col, justify="right" if col != "domain/level" else "left", no_wrap=True)
 
     def row(name, s, style=None):
         pk = s.get("pass_at_k", {})
+        per_correct = s.get("tokens_per_correct")
         cells = [name, f"{s['accuracy']:.3f}", f"{pk[max(pk, key=int)]:.3f}" if pk else "-", f"{s['tokens_mean']:.1f}",
-                 f"{s['tokens_p90']:.0f}", f"{s['truncation_rate']:.2f}", str(s["truncated_but_right"])]
+                 "-" if per_correct is None or math.isnan(per_correct) else f"{per_correct:.0f}",
+                 f"{s['truncation_rate']:.2f}", str(s["truncated_but_right"])]
         if oracle:
             cells += [_fmt(s.get("redundancy")), _fmt(s.get("thinks_rate")), _fmt(s.get("rounds_rate"))]
         t.add_row(*cells, style=style)

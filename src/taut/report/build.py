@@ -9,6 +9,7 @@ from taut.evaluate import finite
 from taut.report.figures import Drawn, Omitted, draw_all, run_colors
 from taut.report.html import render
 from taut.report.runs import RunResults, load_run, unique_labels
+from taut.report.efficiency import efficiency
 from taut.report.summary import summary_row
 from taut.report.transfer import transfer_by_suite
 
@@ -48,7 +49,7 @@ def write_report(runs: list[RunResults], out: Path, title: str) -> Path:
     for d in drawn:
         images[d.name] = out / f"{d.name}.png"
         d.figure.savefig(images[d.name], dpi=DPI, facecolor="white")
-    rows = [summary_row(run) for run in runs]
+    rows = [summary_row(run) | measures for run, measures in zip(runs, efficiency(runs))]
     run_info = [{"label": r.label, "run_dir": str(r.run_dir), "color": c} for r, c in zip(runs, colors)]
     data = {
         "runs": run_info,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from taut.report.figures import Drawn, Omitted
-from taut.report.summary import COLUMNS, best_rows, formatted
+from taut.report.summary import COLUMNS, EFFICIENCY, best_rows, formatted
 
 CSS = """
 :root { --ink: #1f2328; --muted: #5f6b7a; --line: #e3e6ea; --card: #ffffff; --bg: #f5f6f8; --best: #e8f4ee; }
@@ -87,12 +87,13 @@ def render(title: str, runs: list[dict[str, Any]], rows: list[dict[str, Any]], f
 
 
 def _summary(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    head = "".join(f'<th title="{html.escape(c.help)}">{html.escape(c.header)}</th>' for c in COLUMNS)
-    best = {c.key: best_rows(rows, c) for c in COLUMNS}
+    columns = COLUMNS + EFFICIENCY
+    head = "".join(f'<th title="{html.escape(c.help)}">{html.escape(c.header)}</th>' for c in columns)
+    best = {c.key: best_rows(rows, c) for c in columns}
     body = []
     for i, (run, row) in enumerate(zip(runs, rows)):
         cells = "".join(
-            f'<td{" class=best" if i in best[c.key] else ""}>{html.escape(formatted(row, c))}</td>' for c in COLUMNS)
+            f'<td{" class=best" if i in best[c.key] else ""}>{html.escape(formatted(row, c))}</td>' for c in columns)
         over = f'<span class="sub">Δ: {html.escape(row["change_over"])}</span>' if row["change_over"] else ""
         name = (f'<span class="swatch" style="background:{run["color"]}"></span>{html.escape(row["label"])}'
                 f'<span class="sub">{html.escape(row["chosen"])}'

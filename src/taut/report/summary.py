@@ -61,6 +61,19 @@ COLUMNS = [
 ]
 
 
+# the field's efficiency measures (taut.metrics, taut.report.efficiency): a table of their own in the terminal
+EFFICIENCY = [
+    Column("tokens_per_correct", "tokens per correct", _tokens, "min",
+           "every token spent, right or wrong, per correct answer", "tokens per correct"),
+    Column("overthinking_tokens", "overthinking", _tokens, "min",
+           "mean tokens over the shortest correct answer to the same problem among the runs compared "
+           "(ThoughtTerminator's global measure, arXiv 2504.13367)", "overthinking"),
+    Column("underthinking_pp", "accuracy lost where the start was right", _points, "min",
+           "on the problems the run's first evaluated checkpoint solved (at least half its samples right): "
+           "that accuracy minus the chosen checkpoint's", "lost where start right"),
+]
+
+
 def summary_row(run: RunResults) -> dict[str, Any]:
     """The table's numbers for one run (nan where undefined)."""
     overall = run.chosen.result["overall"]
@@ -78,6 +91,7 @@ def summary_row(run: RunResults) -> dict[str, Any]:
         "accuracy": value(overall, "accuracy"),
         "tokens_mean": value(overall, "tokens_mean"),
         "tokens_p90": value(overall, "tokens_p90"),
+        "tokens_per_correct": value(overall, "tokens_per_correct"),
         "tokens_change_pct": headline["tokens_change_pct"] if headline else math.nan,
         "accuracy_change_pp": headline["accuracy_change_pp"] if headline else math.nan,
         "change_over": headline["over"] if headline else None,
@@ -153,7 +167,7 @@ def strategy_plan(records: list[dict[str, Any]]) -> str | None:
 
 
 def formatted(row: dict[str, Any], column: Column) -> str:
-    v = row[column.key]
+    v = row.get(column.key)                         # absent: a report.json written before the column
     return "–" if v is None or math.isnan(v) else column.fmt(v)
 
 
@@ -165,3 +179,16 @@ def best_rows(rows: list[dict[str, Any]], column: Column) -> set[int]:
     target = (max if column.best == "max" else min)(v for _, v in values)
     best = {i for i, v in values if v == target}
     return set() if len(best) == len(rows) else best        # a tie across every run singles nothing out
+
+
+def efficiency_table(rows: list[dict[str, Any]]) -> Table:
+    """The efficiency measures per run, for the terminal (`EFFICIENCY`)."""
+    t = Table(title="efficiency", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, caption_justify="left",
+              caption="overthinking: mean tokens over the shortest correct answer to the same problem in any run "
+                      "compared; lost: accuracy lost on the problems the run's start solved")
+    t.add_column("run", no_wrap=True)
+    for column in EFFICIENCY:
+        t.add_column(column.short, justify="right")
+    for row in rows:
+        t.add_row(row["label"], *(formatted(row, c) for c in EFFICIENCY))
+    return t
