@@ -336,6 +336,55 @@ def test_mastery_best_seen_memory_across_batches_and_checkpoints():
     assert restored.best_seen == {}
 
 
+def test_mastery_support_keeps_one_lucky_short_answer_from_setting_the_reference():
+    # the level-2 failure: all correct, one direct answer of 5 tokens among thinking ones of 30–40
+    lucky = groups([[1, 1, 1, 1]], [[5, 30, 36, 40]])
+    close(shape(MasteryGatedConfig(), lucky).rewards, [[1, 0.5, 0.5, 0.5]])        # s = 5: every thinker capped
+    out = shape(MasteryGatedConfig(support=2), lucky)                                # s = 30, the second shortest
+    close(out.rewards, [[1, 1, 1 - 6 / 30, 1 - 10 / 30]])
+    assert out.metrics["safe_len_mean"] == 30.0
+    # reproduced short answers do set it: two of 5 tokens
+    close(shape(MasteryGatedConfig(support=2), groups([[1, 1, 1, 1]], [[5, 5, 6, 40]])).rewards, [[1, 1, 0.8, 0.5]])
+    # fewer correct rollouts than the support: no penalty, gate or not
+    out = shape(MasteryGatedConfig(tau=0.25, support=3), groups([[1, 1, 0, 0]], [[5, 40, 2, 2]]))
+    close(out.rewards, [[1, 1, 0, 0]])
+    assert out.metrics["penalised_frac"] == 0.0
+    # a support above the group size never penalises
+    close(shape(MasteryGatedConfig(support=5), lucky).rewards, [[1, 1, 1, 1]])
+
+
+def test_mastery_visits_pool_pass_rate_and_reference_across_a_prompts_groups():
+    strategy = build_strategy(MasteryGatedConfig(visits=2, support=2))
+    # visit 1 of p: a lucky direct answer, half the group wrong → p = 0.5: gate closed
+    out = strategy.shape(groups([[1, 0, 0, 1]], [[5, 5, 5, 30]], ids=["p"]))
+    close(out.rewards, [[1, 0, 0, 1]])
+    assert strategy.visits == {"p": [[(5, True), (5, False), (5, False), (30, True)]]}
+    # visit 2: all correct alone would open the gate with s = 6 (the second shortest);
+    # pooled with visit 1: p = 6/8 < 1 → closed
+    second = groups([[1, 1, 1, 1]], [[6, 6, 32, 34]], ids=["p"])
+    close(strategy.shape(second).rewards, [[1, 1, 1, 1]])
+    close(shape(MasteryGatedConfig(support=2), second).rewards, [[1, 1, 0.5, 0.5]])
+    # visit 3: only visits 2 and 3 are pooled (visits=2): p = 1, correct lengths 6, 6, 32, 34, 30, 30, 31, 40
+    # → second shortest 6
+    out = strategy.shape(groups([[1, 1, 1, 1]], [[30, 30, 31, 40]], ids=["p"]))
+    close(out.rewards, [[0.5, 0.5, 0.5, 0.5]])
+    assert [len(g) for g in strategy.visits["p"]] == [4]                 # the last visits − 1 groups kept
+    # at τ = 0.75 the pooled rate of visits 1 and 2 (6/8) opens it
+    opened = build_strategy(MasteryGatedConfig(visits=2, support=2, tau=0.75))
+    opened.shape(groups([[1, 0, 0, 1]], [[5, 5, 5, 30]], ids=["p"]))
+    # pooled correct lengths 5, 6, 6, 30, 32, 34 → s = 6 (the second shortest: the one correct 5 does not count)
+    close(opened.shape(second).rewards, [[1, 1, 0.5, 0.5]])
+    # the memory goes through a checkpoint's JSON and back
+    state = json.loads(json.dumps(strategy.state_dict()))
+    restored = build_strategy(MasteryGatedConfig(visits=2, support=2))
+    restored.load_state_dict(state)
+    assert restored.visits == strategy.visits and restored.best_seen == strategy.best_seen
+    probe = groups([[1, 1, 1, 1]], [[7, 7, 8, 7]], ids=["p"])
+    close(restored.shape(probe).rewards, strategy.shape(probe).rewards.tolist())
+    with pytest.raises(ValueError, match="prompt ids"):
+        shape(MasteryGatedConfig(visits=2), groups([[1, 1]], [[3, 4]]))
+
+
 def test_mastery_best_seen_needs_prompt_ids():
     with pytest.raises(ValueError, match="prompt ids"):
         shape(MasteryGatedConfig(use_best_seen=True), groups([[1, 1]], [[3, 4]]))

@@ -19,6 +19,23 @@ For a group of G rollouts of one prompt with correctness c_i and lengths ℓ_i:
 (* only with `use_best_seen`; the best is the shortest correct length seen for this prompt in
 any earlier batch, kept in checkpoints through `state_dict`.)
 
+Two options make the gate and its reference robust to luck (ours, from the gate study in
+BENCHMARKS.md: on the testbed's level 2 an all-correct group holding one lucky direct answer
+opened the gate, and that answer became the length every thinking rollout was penalised
+against, which taught guessing):
+
+    support m      the reference is the m-th shortest correct length, not the shortest: a
+                   length counts only once m correct rollouts reach it (m = 1: the paper's
+                   reading); a group with fewer than m correct rollouts is not penalised
+    visits k       the pass rate and the reference are taken over the prompt's last k groups
+                   (this one and the k − 1 before it, kept in `state_dict`), so one lucky group
+                   cannot open the gate nor set the reference, and one unlucky group cannot
+                   close it (k = 1: this group alone)
+
+With both, for the pooled rollouts R of a prompt (this group's and those of its last k − 1
+visits): p = mean of c over R; s = (1 + slack) · (m-th smallest ℓ among R's correct rollouts).
+The penalty, as above, acts on this group's rollouts only.
+
 P_max < 1, so a correct answer always scores above a wrong one (which scores 0). Wrong answers
 and prompts whose gate is closed get the correctness reward unchanged. Because the penalty
 makes a gated group's rewards unequal, dynamic sampling keeps such groups (it drops groups only
@@ -59,6 +76,10 @@ class MasteryGatedConfig(Strict):
     max_penalty: float = Field(0.5, gt=0, lt=1, description="penalty cap; below 1 so correct beats wrong")
     use_best_seen: bool = Field(False, description="also bound the safe length by the prompt's best seen so far")
     gate: bool = Field(True, description="penalise only mastered groups; false: every group (the ablation)")
+    support: int = Field(1, ge=1, description="the reference is the support-th shortest correct length "
+                                               "(1: the shortest; 2: one lucky short answer cannot set it)")
+    visits: int = Field(1, ge=1, description="pass rate and reference over the prompt's last `visits` groups "
+                                              "(1: this group alone)")
 
 
 class MasteryGatedNoGateConfig(MasteryGatedConfig):
@@ -79,19 +100,27 @@ def mastery_gated_rewards(
     best_seen: Tensor | None = None,   # [P] float, inf where nothing seen
     gated: bool = True,
     base: Tensor | None = None,        # [P, G] the unshaped reward (a grader's partial credit); default: correctness
+    support: int = 1,
+    history: list[list[tuple[int, bool]]] | None = None,   # per group: earlier visits' (length, correct)
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Shaped rewards [P, G] and the per-group gate and safe length (pure function).
 
     The penalty applies to correct rollouts only; every other rollout keeps its base reward (a
     partially right answer keeps its partial credit). With `gated=False` the gate is open on
-    every group; nothing else changes."""
+    every group; nothing else changes. `support` and `history` pool as the module docstring says."""
     c = correct.float()
     base = c if base is None else base
     length = lengths.float()
-    mastered = c.mean(dim=1) >= tau - 1e-9                                        # [P]
+    if history is None:
+        pass_rate = c.mean(dim=1)                                                 # [P]
+        inf = torch.full_like(length, float("inf"))
+        ordered = torch.where(correct, length, inf).sort(dim=1).values            # correct lengths first, inf after
+        shortest = (ordered[:, support - 1] if support <= ordered.shape[1]
+                    else torch.full_like(pass_rate, float("inf")))                # [P], inf: fewer than m correct
+    else:
+        pass_rate, shortest = _pooled(correct, lengths, history, support)
+    mastered = pass_rate >= tau - 1e-9                                            # [P]
     gate = mastered if gated else torch.ones_like(mastered)
-    inf = torch.full_like(length, float("inf"))
-    shortest = torch.where(correct, length, inf).amin(dim=1)                      # [P], inf: none correct
     if best_seen is not None:
         shortest = torch.minimum(shortest, best_seen)
     safe = (1 + slack) * shortest                                                 # [P]
@@ -102,6 +131,19 @@ def mastery_gated_rewards(
     return base - penalty, {"gate": gate, "safe": safe}
 
 
+def _pooled(correct: Tensor, lengths: Tensor, history: list[list[tuple[int, bool]]],
+            support: int) -> tuple[Tensor, Tensor]:
+    """Per group: the pass rate and the support-th shortest correct length over this group's
+    rollouts and its earlier visits' (inf with fewer than `support` correct)."""
+    rates, refs = [], []
+    for row_correct, row_lengths, earlier in zip(correct.tolist(), lengths.tolist(), history):
+        pooled = [*earlier, *zip(row_lengths, row_correct)]
+        rates.append(sum(ok for _, ok in pooled) / len(pooled))
+        right = sorted(n for n, ok in pooled if ok)
+        refs.append(float(right[support - 1]) if len(right) >= support else float("inf"))
+    return torch.tensor(rates), torch.tensor(refs)
+
+
 class MasteryGated(Strategy):
     name = "mastery-gated"
 
@@ -109,17 +151,21 @@ class MasteryGated(Strategy):
         self.config = config
         self.name = config.name
         self.best_seen: dict[str, int] = {}   # prompt id -> shortest correct length seen
+        self.visits: dict[str, list[list[tuple[int, bool]]]] = {}   # prompt id -> its last visits - 1 groups
 
     def shape(self, batch: GroupBatch) -> Shaped:
         cfg = self.config
-        best = None
+        best = history = None
+        if (cfg.use_best_seen or cfg.visits > 1) and not batch.prompt_ids:
+            raise ValueError("use_best_seen and visits > 1 need prompt ids in the batch")
         if cfg.use_best_seen:
-            if not batch.prompt_ids:
-                raise ValueError("use_best_seen needs prompt ids in the batch")
             best = torch.tensor([float(self.best_seen.get(pid, float("inf"))) for pid in batch.prompt_ids])
+        if cfg.visits > 1:
+            history = [[pair for group in self.visits.get(pid, []) for pair in group] for pid in batch.prompt_ids]
         rewards, parts = mastery_gated_rewards(
             batch.correct, batch.lengths, tau=cfg.tau, slack=cfg.slack, alpha=cfg.alpha,
             max_penalty=cfg.max_penalty, best_seen=best, gated=cfg.gate, base=correctness(batch),
+            support=cfg.support, history=history,
         )
         self._remember(batch)
         gate, safe = parts["gate"], parts["safe"]
@@ -131,15 +177,26 @@ class MasteryGated(Strategy):
         return Shaped(rewards, metrics)
 
     def _remember(self, batch: GroupBatch) -> None:
-        """Record each prompt's shortest correct length in this batch, after it was scored."""
+        """Record each prompt's shortest correct length and (with `visits` > 1) its group, after
+        it was scored."""
+        keep = self.config.visits - 1
         for pid, correct, lengths in zip(batch.prompt_ids, batch.correct, batch.lengths):
             if correct.any():
                 shortest = int(lengths[correct].min())
                 self.best_seen[pid] = min(shortest, self.best_seen.get(pid, shortest))
+            if keep:
+                group = [(int(n), bool(ok)) for n, ok in zip(lengths.tolist(), correct.tolist())]
+                self.visits[pid] = [*self.visits.get(pid, []), group][-keep:]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best_seen": dict(self.best_seen)}
+        state: dict[str, Any] = {"best_seen": dict(self.best_seen)}
+        if self.visits:
+            state["visits"] = {pid: [[list(pair) for pair in group] for group in groups]
+                               for pid, groups in self.visits.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the memory; an empty state (a phase that starts afresh) clears it."""
         self.best_seen = {str(k): int(v) for k, v in state["best_seen"].items()} if state else {}
+        self.visits = {str(pid): [[(int(n), bool(ok)) for n, ok in group] for group in groups]
+                       for pid, groups in (state or {}).get("visits", {}).items()}
