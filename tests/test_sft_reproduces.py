@@ -13,7 +13,17 @@ ROOT = Path(__file__).parent.parent
 SHIPPED_LOG = ROOT / "src" / "taut" / "assets" / "testbed-sft" / "sft_metrics.jsonl"
 
 
+def _has_amx() -> bool:
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(_has_amx(), reason="the shipped log came from a CPU without AMX (docs/performance.md: bf16 products "
+                    "as avx512_core_bf16); on an AMX CPU the kernels sum in another order and the loss differs from "
+                    "step 100 (1.91483 against 1.91485), deterministically: the same run on any commit since the log")
 def test_sft_recipe_retraces_the_shipped_training_log(tmp_path):
     """The first 300 steps of the recipe give bit-identical losses to the shipped run's log
     (the whole run takes about 25 minutes; the loss trajectory is deterministic on CPU)."""
