@@ -67,6 +67,9 @@ STRATEGY_METRICS = {
     "grpo-lambda": ["gate_open", *PENALTY],
     "sigmoid": PENALTY,
     "on-policy-sft": ["kept_frac"],
+    "dler": PENALTY,
+    "alp": PENALTY,
+    "shorter-better": [*PENALTY, "sol_mean"],
 }
 
 

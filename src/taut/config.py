@@ -217,8 +217,9 @@ class RLConfig(Strict):
     clip_low: float = Field(0.2, ge=0, lt=1, description="ε_low: the ratio's lower clip is 1 − ε_low; acts only with updates_per_batch > 1 (with one update the ratio is 1)")
     clip_high: float = Field(0.28, ge=0, description="ε_high; acts only with updates_per_batch > 1")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    adv_norm: Literal["group", "batch", "none"] | None = Field(
-        None, description="divide advantages by the group std, the batch std, or nothing (Dr. GRPO); "
+    adv_norm: Literal["group", "batch", "batch-centred", "none"] | None = Field(
+        None, description="divide advantages by the group std, the batch std, the batch std of the group-centred "
+                          "rewards (REINFORCE++-baseline), or nothing (Dr. GRPO); "
                           "default: what the strategy requires (none for sigmoid), else group")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the policy at the start of the current phase; 0 = no reference model")
     entropy_coef: float = Field(0.0, ge=0)

@@ -7,13 +7,16 @@ from typing import Annotated, Union
 
 from pydantic import Field
 
+from taut.length.alp import Alp, AlpConfig
 from taut.length.base import GroupBatch, Shaped, Strategy
 from taut.length.dapo import DapoHeavyConfig, DapoLiteConfig, DapoOverlong, DapoOverlongConfig
+from taut.length.dler import Dler, DlerConfig
 from taut.length.kimi import Kimi, KimiConfig
 from taut.length.l1 import L1, L1ExactConfig, L1MaxConfig
 from taut.length.mastery import MasteryGated, MasteryGatedConfig, MasteryGatedNoGateConfig
 from taut.length.none import NoneConfig, NoStrategy
 from taut.length.on_policy_sft import OnPolicySft, OnPolicySftConfig
+from taut.length.shorter_better import ShorterBetter, ShorterBetterConfig
 from taut.length.sigmoid import GrpoLambda, GrpoLambdaConfig, Sigmoid, SigmoidConfig
 from taut.length.siri import Siri, SiriConfig
 from taut.length.truncation import HardTruncation, HardTruncationConfig, ThinkPrune, ThinkPruneConfig
@@ -43,6 +46,9 @@ REGISTRY: dict[str, Entry] = {
     "grpo-lambda": Entry(GrpoLambdaConfig, GrpoLambda, "GRPO-λ 2505.18086", "sigmoid length penalty only on the top-λ groups by correctness"),
     "sigmoid": Entry(SigmoidConfig, Sigmoid, "Arora & Zanette 2502.04463", "correct × (1 − α·σ(z-scored length among correct))"),
     "on-policy-sft": Entry(OnPolicySftConfig, OnPolicySft, "2602.13407", "cross-entropy on own correct, untruncated samples"),
+    "dler": Entry(DlerConfig, Dler, "DLER 2510.15110", "truncation (capped rollouts score 0) with batch-wise advantage normalisation"),
+    "alp": Entry(AlpConfig, Alp, "ALP 2506.05256 (N: our reading)", "per-token penalty scaled by the prompt's solve rate, max(p, 1/K)"),
+    "shorter-better": Entry(ShorterBetterConfig, ShorterBetter, "ShorterBetter 2504.21370", "α·correct − β·|length − shortest correct length of the group|"),
 }
 
 StrategyConfig = Annotated[

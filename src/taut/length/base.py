@@ -154,7 +154,7 @@ class Strategy:
     objective: ClassVar[Literal["policy-gradient", "sft"]] = "policy-gradient"
     # the advantage normalisation the method is defined with (None: no requirement, GRPO's
     # group std by default); `rl.adv_norm` overrides it with a warning
-    adv_norm: ClassVar[Literal["group", "batch", "none"] | None] = None
+    adv_norm: ClassVar[Literal["group", "batch", "batch-centred", "none"] | None] = None
 
     def cap(self, step: int, default: int) -> int:
         """Rollout length cap at `step`; `default` is the trainer's `rl.max_new_tokens`."""
