@@ -85,16 +85,22 @@ def test_gate_suite_parses_and_expands_methods_strengths_and_seeds():
     sampler = methods["gate-on+sampler"]
     assert sampler.strategy is None and sampler.phases[0].sampler.mastered_fraction == "adaptive"
     assert sampler.phases[0].steps == suite.bench.steps and sampler.phases[0].strategy == methods["gate-on@alpha=1.0"].strategy
-    for family in ("dapo", "sigmoid", "siri"):
+    for family in ("dapo", "sigmoid", "siri", "dler", "alp", "shorter-better"):
         assert len([n for n in methods if n.startswith(f"{family}@")]) == 3
+    # the support variant differs from gate-on@alpha=1.0 only in its support
+    for support in (2, 4):
+        variant = methods[f"gate-support@support={support}"].strategy
+        assert variant.support == support
+        assert variant.model_dump(exclude={"support"}) == methods["gate-on@alpha=1.0"].strategy.model_dump(exclude={"support"})
     assert suite.bench.train == ["gym:train+search"] and "search" in suite.bench.eval.tasks[0]
-    assert [c.family for c in suite.curves] == ["control", "gate-on", "gate-off", "gate-on+sampler", "curriculum", "dapo",
-                                                "sigmoid", "siri"]
+    assert [c.family for c in suite.curves] == ["control", "gate-on", "gate-off", "gate-support", "gate-on+sampler",
+                                                "curriculum", "dapo", "sigmoid", "siri", "dler", "alp", "shorter-better"]
     curriculum = methods["curriculum"]
     assert [p.strategy.name for p in curriculum.phases] == ["mastery-gated", "none"]
     assert curriculum.phases[0].strategy == methods["gate-on@alpha=1.0"].strategy
     assert curriculum.evaluate == {"compressed": 100, "final": 150} == {"compressed": curriculum.phases[0].steps, "final": suite.bench.steps}
-    assert suite.compare == (("gate-on", "gate-off"), ("gate-on+sampler", "gate-on@alpha=1.0"),
+    assert suite.compare == (("gate-on", "gate-off"), ("gate-support@support=2", "gate-on@alpha=1.0"),
+                             ("gate-support@support=4", "gate-on@alpha=1.0"), ("gate-on+sampler", "gate-on@alpha=1.0"),
                              ("curriculum", "curriculum (compressed)"))
     quick = load_suite(ROOT / "recipes" / "bench-gate.yaml", quick=True)
     assert suite.bench.model == quick.bench.model == "builtin:testbed-sft-gate" and quick.bench.steps < 10
