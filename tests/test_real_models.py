@@ -45,7 +45,7 @@ def tiny_chat_model(directory: Path, seed: int = 0, eos_logit: float = 0.5) -> P
     tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
     tokenizer.chat_template = CHAT_TEMPLATE
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32768,
                          tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -272,6 +272,7 @@ def test_real_recipe_runs_on_cpu_with_a_tiny_model(recipe, model_dir, tmp_path):
     run = tmp_path / "run"
     command = [sys.executable, "-m", "taut.cli", "train", "--config", str(recipe), "--set", f"model={model_dir}",
                "--set", "rl.steps=2", "--set", "model.threads=1", "--set", "data.pool_per_level=20",
+               "--set", "rl.prompts_per_step=4",          # within the pool math-tiny.jsonl gives the r1-distill recipes
                "--out", str(run), "--quiet"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -148,8 +148,15 @@ def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_ru
     if resume is not None:
         config = config or _resume_recipe(resume)
     cfg = _config(config, set)
+    from taut.preflight import PreflightError, before_load
+
+    try:                           # settings against what they index; the estimated peak memory
+        memory = before_load(cfg, "sft")
+    except PreflightError as err:
+        _fail(str(err))
     if dry_run:
         _print_config(cfg)
+        out_console.print(memory, highlight=False, soft_wrap=True)
         return
     from taut.preempt import stop_on_signals
     from taut.rundir import claim_run_dir
@@ -173,9 +180,16 @@ def train(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_
                           "or --config default for the built-in defaults (plain GRPO, 100 steps, on the testbed)", soft_wrap=True)
         raise typer.Exit(2)
     cfg = _config(None if str(config) == "default" else config, set)
+    from taut.preflight import PreflightError, before_load
+
+    try:                           # settings against what they index; the estimated peak memory
+        memory = before_load(cfg, "train")
+    except PreflightError as err:
+        _fail(str(err))
     if dry_run:
         _print_config(cfg)
         out_console.print(plan_table(cfg))
+        out_console.print(memory, highlight=False, soft_wrap=True)
         return
     from taut.preempt import stop_on_signals
     from taut.rl.trainer import train_rl

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from taut.heartbeat import report_stopped
+
 LOCK_FILE = ".taut.lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "curriculum.json", "selection.json", "eval", "report")
 
@@ -89,6 +91,7 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, resumable: bo
         locked = True
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        report_stopped(run_dir)         # a previous process killed from outside (taut.heartbeat) says so
         existing = run_files(run_dir)
         if existing and not resume:
             if not overwrite:

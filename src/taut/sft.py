@@ -17,8 +17,10 @@ import torch.nn.functional as F
 
 from taut.checkpoint import latest_checkpoint, latest_intact_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
 from taut.config import RunConfig, to_yaml
+from taut.heartbeat import Heartbeat
 from taut.models import Policy, load_policy, resume_policy
 from taut.preempt import Preempted, StopRequest, resume_command
+from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.trackers import open_trackers
@@ -125,9 +127,16 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
               stop: StopRequest | None = None) -> Path:
     """Supervised training on the SFT tasks into `run_dir`; returns the last checkpoint. `stop`
     (taut.preempt): when it is set, the step under way finishes, its checkpoint is written and
-    `Preempted` is raised."""
+    `Preempted` is raised. A heartbeat file in `run_dir` records each finished step while it runs
+    (taut.heartbeat)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with Heartbeat(run_dir, "sft") as heartbeat:
+        return _train_sft(config, run_dir, resume, quiet, stop, heartbeat)
+
+
+def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
+               heartbeat: Heartbeat) -> Path:
     (run_dir / "config.yaml").write_text(to_yaml(config))
     sft = config.sft
     start = 0
@@ -141,6 +150,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
         window_loss, window_tokens = state.get("window", (0.0, 0))   # a checkpoint between two metrics lines
     else:
         policy = load_policy(config.model, seed=config.seed)
+    after_load(config, "sft", policy)             # the longest example against the context; memory
     model = policy.model
     device = model.device
     model.train()
@@ -150,6 +160,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
     trackers = open_trackers(config, run_dir, resume_step=start if start else None)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
     guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps, section="sft")
+    heartbeat.beat(start)
 
     tokens_seen, t0 = 0, time.perf_counter()
     with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:
@@ -186,6 +197,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
                                              optimizer)
                 if stop and done < sft.steps:
                     raise Preempted(stop.signal_name, done, checkpoint, resume_command("sft", run_dir))
+            heartbeat.beat(done)
     final = latest_checkpoint(run_dir)
     if not quiet:
         console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")

@@ -18,8 +18,10 @@ from taut.runlog import console
 def load_for_eval(config: RunConfig, target: Path):
     """The policy a target stands for: a run's chosen checkpoint, or a model directory."""
     from taut.checkpoint import MANIFEST, require_intact
+    from taut.heartbeat import report_stopped
     from taut.models import load_policy, resolve_model_path
 
+    report_stopped(target)                            # a run whose last process was killed from outside says so
     checkpoint = Path(resolve_model_path(str(target)))
     if not (Path(target) / "checkpoints").is_dir() and (checkpoint / MANIFEST).exists():
         require_intact(checkpoint)                    # a checkpoint given directly (a run's is verified on resolving)

@@ -44,10 +44,12 @@ from taut.checkpoint import (
 )
 from taut.config import PhaseConfig, RunConfig, to_yaml
 from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, Trip, select
+from taut.heartbeat import Heartbeat
 from taut.length import Strategy, build_strategy
 from taut.metrics import mean, percentile
 from taut.models import Policy, load_policy, restore_weights, resume_policy
 from taut.preempt import Preempted, StopRequest, resume_command
+from taut.preflight import after_load, after_pool
 from taut.rl.data import Sampler, build_pool
 from taut.rl.guard import NonFiniteGuard
 from taut.rl.objectives import LOSS_METRICS, build_objective, update
@@ -166,9 +168,16 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
              stop: StopRequest | None = None) -> Path:
     """Train `config`'s phases into `run_dir` and return the run's chosen checkpoint. `stop`
     (taut.preempt, set by SIGTERM or SIGUSR1 under the CLI): when it is set, the step under way
-    finishes, its checkpoint is written and `Preempted` is raised."""
+    finishes, its checkpoint is written and `Preempted` is raised. A heartbeat file in `run_dir`
+    records each finished step while it runs (taut.heartbeat)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with Heartbeat(run_dir, "train") as heartbeat:
+        return _train_rl(config, run_dir, resume, quiet, stop, heartbeat)
+
+
+def _train_rl(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
+              heartbeat: Heartbeat) -> Path:
     cfg = config.rl
     plan = config.plan()
 
@@ -183,11 +192,13 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     else:
         (run_dir / "config.yaml").write_text(to_yaml(config))
         policy = load_policy(config.model, seed=config.seed)
+    after_load(config, "train", policy)           # every rollout cap against the model's context
     model = policy.model
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     prompt_limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, cfg.max_new_tokens)
     run = Run(config, model.device, prompt_limit)
+    after_pool(config, policy, [p.prompt for _, p in run.pool.items])     # prompts_per_step; memory with its longest prompt
     if ckpt is not None:
         load_optimizer(optimizer, ckpt)
         load_generators(ckpt, {"sampling": run.generator})
@@ -201,6 +212,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
     guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps, section="rl")
     guard.consecutive = run.nonfinite_in_a_row
+    heartbeat.beat(run.step)
 
     with trackers, StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, run.step) as bar:
         while run.phase_index < len(plan):
@@ -258,6 +270,7 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
                 failpoints.reach("step-logged", run.step)
                 bar.update(run.step, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"], cap=cap,
                            phase=phase.name)
+                heartbeat.beat(run.step)
                 if validation or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None) or stop:
                     checkpoint = run.commit(run_dir, policy, optimizer, log)
                     prune(run_dir, cfg.keep_checkpoints, run)
