@@ -61,3 +61,30 @@ def test_workers_run_methods_in_parallel_with_the_same_results(tmp_path):
     again = run_bench(BenchConfig.model_validate({**spec, "workers": 2}), tmp_path / "two", None, "two")
     assert two["timed"] == "wall" and again["timed"] == "record" and again["seconds"] == two["seconds"]
     assert len(again["resumed"]) == 3
+
+
+def test_the_matrix_adds_global_overthinking_and_underthinking_against_the_start(tmp_path):
+    from taut.bench.matrix import add_efficiency, efficiency_table, summarise
+
+    def evaluation(name, samples, redundancy):
+        path = tmp_path / f"{name}.json"
+        with open(path.with_suffix(".samples.jsonl"), "w") as f:
+            for pid, length, correct in samples:
+                f.write(json.dumps({"problem_id": pid, "length": length, "correct": correct}) + "\n")
+        rows = {"accuracy": sum(c for *_, c in samples) / len(samples), "tokens_mean": sum(n for _, n, _ in samples) / len(samples),
+                "redundancy": redundancy, "tokens_per_correct": 1.0, "overthinking_tokens": 2.0}
+        both = {"overall": rows, "in_domain": rows, "held_out": rows,
+                "by_level": {"1": {"tokens_mean": 1.0}, "4": {"accuracy": 1.0}}}
+        return path, both
+
+    start_path, start = evaluation("start", [("a", 40, True), ("a", 60, True), ("b", 50, True), ("b", 70, False)], 0.5)
+    path, short = evaluation("short", [("a", 10, True), ("a", 20, False), ("b", 30, False), ("b", 30, False)], 0.1)
+    results = {"short/seed0": {"method": "short", "evals": {"final": short}, "eval_files": {"final": str(path)}}}
+    add_efficiency(start, start_path, results)
+    # shortest correct anywhere: a 10, b 50; start spends a 50, b 60 → excess 40 and 10
+    assert start["efficiency"] == {"overthinking_global": 25.0, "underthinking_pp": 0.0}
+    # short: a 15 − 10, b 30 − 50; the start solved a (1.0) and b (0.5): it lost 0.5 and 0.5
+    assert short["efficiency"] == {"overthinking_global": -7.5, "underthinking_pp": 50.0}
+    lines = efficiency_table(start, summarise(start, results))
+    assert "| start | 0.50 | 27.5 | 2.0 | 25.0 | 1.0 | 0.0 pts |" in lines
+    assert "| short | 0.10 | 2.2 | 2.0 | -7.5 | 1.0 | 50.0 pts |" in lines

@@ -99,3 +99,16 @@ def test_values_are_validated():
 def test_malformed_override():
     with pytest.raises(ConfigError, match="expected key.path=value"):
         load_config(None, ["rl.steps"])
+
+
+def test_a_mastery_support_no_group_can_reach_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["strategy.name=mastery-gated", "strategy.support=9"])
+    message = str(err.value)
+    assert "support=9 exceeds the 8 rollouts" in message and "use support: half or at most 8" in message
+    assert "{" not in message                      # not the whole section dumped after it
+    phases = ["phases=[{name: a, steps: 2, strategy: {name: mastery-gated, support: 3, visits: 2}}]", "rl.group_size=2"]
+    assert load_config(None, phases).phases[0].strategy.support == 3          # 2 rollouts × 2 visits pool 4
+    with pytest.raises(ConfigError, match="support=5 exceeds the 4 rollouts"):
+        load_config(None, phases[:1] + ["rl.group_size=2", "phases.0.strategy.support=5"])
+    assert load_config(None, ["strategy.name=mastery-gated"]).strategy.support == "half"

@@ -25,9 +25,9 @@ def _batch():
 
 
 def test_only_the_gate_changes():
-    on = build_strategy(MasteryGatedConfig()).shape(_batch())
-    off = build_strategy(MasteryGatedConfig(gate=False)).shape(_batch())
-    by_name = build_strategy(MasteryGatedNoGateConfig()).shape(_batch())
+    on = build_strategy(MasteryGatedConfig(support=1)).shape(_batch())
+    off = build_strategy(MasteryGatedConfig(support=1, gate=False)).shape(_batch())
+    by_name = build_strategy(MasteryGatedNoGateConfig(support=1)).shape(_batch())
     # the mastered group: identical shaped rewards, penalty 0, 0.2, min(0.5, 1.0), 0
     expected_mastered = torch.tensor([1.0, 0.8, 0.5, 1.0])
     torch.testing.assert_close(on.rewards[0], expected_mastered)
@@ -47,7 +47,7 @@ def test_only_the_gate_changes():
 
 def test_gate_off_keeps_the_other_settings_and_the_memory():
     cfg = dict(tau=0.75, slack=0.5, alpha=0.5, max_penalty=0.3, use_best_seen=True)
-    on, off = build_strategy(MasteryGatedConfig(**cfg)), build_strategy(MasteryGatedConfig(**cfg, gate=False))
+    on, off = build_strategy(MasteryGatedConfig(support=1, **cfg)), build_strategy(MasteryGatedConfig(support=1, **cfg, gate=False))
     a, b = on.shape(_batch()), off.shape(_batch())
     # group 0 (p = 1) and group 1 (p = 0.75) are mastered at tau 0.75: identical
     torch.testing.assert_close(a.rewards[:2], b.rewards[:2])
@@ -92,15 +92,18 @@ def test_gate_suite_parses_and_expands_methods_strengths_and_seeds():
         variant = methods[f"gate-support@support={support}"].strategy
         assert variant.support == support
         assert variant.model_dump(exclude={"support"}) == methods["gate-on@alpha=1.0"].strategy.model_dump(exclude={"support"})
+    off = methods["gate-support-off"].strategy
+    assert not off.gate and off.model_dump(exclude={"name", "gate"}) == methods["gate-support@support=4"].strategy.model_dump(exclude={"name", "gate"})
     assert suite.bench.train == ["gym:train+search"] and "search" in suite.bench.eval.tasks[0]
-    assert [c.family for c in suite.curves] == ["control", "gate-on", "gate-off", "gate-support", "gate-on+sampler",
+    assert [c.family for c in suite.curves] == ["control", "gate-on", "gate-off", "gate-support", "gate-support-off", "gate-on+sampler",
                                                 "curriculum", "dapo", "sigmoid", "siri", "dler", "alp", "shorter-better"]
     curriculum = methods["curriculum"]
     assert [p.strategy.name for p in curriculum.phases] == ["mastery-gated", "none"]
     assert curriculum.phases[0].strategy == methods["gate-on@alpha=1.0"].strategy
     assert curriculum.evaluate == {"compressed": 100, "final": 150} == {"compressed": curriculum.phases[0].steps, "final": suite.bench.steps}
     assert suite.compare == (("gate-on", "gate-off"), ("gate-support@support=2", "gate-on@alpha=1.0"),
-                             ("gate-support@support=4", "gate-on@alpha=1.0"), ("gate-on+sampler", "gate-on@alpha=1.0"),
+                             ("gate-support@support=4", "gate-on@alpha=1.0"), ("gate-support@support=4", "gate-support-off"),
+                             ("gate-on+sampler", "gate-on@alpha=1.0"),
                              ("curriculum", "curriculum (compressed)"))
     quick = load_suite(ROOT / "recipes" / "bench-gate.yaml", quick=True)
     assert suite.bench.model == quick.bench.model == "builtin:testbed-sft-gate" and quick.bench.steps < 10

@@ -29,7 +29,7 @@ from taut.length.siri import SiriConfig  # noqa: E402
 
 G = 4
 SIRI = SiriConfig(schedule="cosine", l_max=12, l_min=4, period=4)       # caps 12, 8, 4, 8
-MASTERY = MasteryGatedConfig(tau=0.5, alpha=1.0, max_penalty=0.5)
+MASTERY = MasteryGatedConfig(support=1, tau=0.5, alpha=1.0, max_penalty=0.5)
 
 
 def lenient(completion: str, answer: str) -> bool:

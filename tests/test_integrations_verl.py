@@ -96,7 +96,7 @@ def test_the_plugin_is_registered_by_importing_verl():
 
 
 def test_mastery_gated_through_verls_registry_equals_taut_then_grpo(at_step):
-    cfg = MasteryGatedConfig(tau=1.0, alpha=1.0, max_penalty=0.5)
+    cfg = MasteryGatedConfig(support=1, tau=1.0, alpha=1.0, max_penalty=0.5)
     rewards, mask, index = verl_batch()
     at_step(1)
     fn = get_adv_estimator_fn("taut")
@@ -123,7 +123,7 @@ def test_through_verls_compute_advantage_with_a_dataproto(at_step):
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
-    cfg = MasteryGatedConfig(tau=0.5, slack=0.1)
+    cfg = MasteryGatedConfig(support=1, tau=0.5, slack=0.1)
     rewards, mask, index = verl_batch(seed=1)
     data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
                                non_tensors={"uid": index})
@@ -163,7 +163,7 @@ def test_siri_schedule_sets_the_cap_and_truncation_per_step(at_step):
 
 
 def test_mastery_reward_under_a_siri_schedule(at_step):
-    cfg, siri = MasteryGatedConfig(tau=1.0), SiriConfig(schedule="stair", l_max=T, l_min=12, period=4)
+    cfg, siri = MasteryGatedConfig(support=1, tau=1.0), SiriConfig(schedule="stair", l_max=T, l_min=12, period=4)
     rewards, mask, index = verl_batch()
     at_step(3)                                   # taut step 2: the stair is at l_max = 16
     fn = get_adv_estimator_fn("taut")
@@ -175,7 +175,7 @@ def test_mastery_reward_under_a_siri_schedule(at_step):
 def test_errors_name_what_to_do(at_step):
     fn = get_adv_estimator_fn("taut")
     rewards, mask, index = verl_batch()
-    cfg = algorithm_config(MasteryGatedConfig())
+    cfg = algorithm_config(MasteryGatedConfig(support=1))
     at_step(1)
     with pytest.raises(ValueError, match="must be 1, 0 or -1"):
         fn(token_level_rewards=rewards * 0.7, response_mask=mask, config=cfg, index=index)
@@ -185,7 +185,7 @@ def test_errors_name_what_to_do(at_step):
         fn(token_level_rewards=rewards, response_mask=mask, index=index,
            config=OmegaConf.create({"norm_adv_by_std_in_grpo": True, "taut": {"strategy": {"name": "nope"}, "max_response_length": T}}))
     with pytest.raises(ValueError, match="use_best_seen"):
-        fn(token_level_rewards=rewards, response_mask=mask, config=algorithm_config(MasteryGatedConfig(use_best_seen=True)), index=index)
+        fn(token_level_rewards=rewards, response_mask=mask, config=algorithm_config(MasteryGatedConfig(support=1, use_best_seen=True)), index=index)
     with pytest.raises(ValueError, match="unequal sizes"):
         fn(token_level_rewards=rewards[1:], response_mask=mask[1:], config=cfg, index=index[1:])
     SkipManager.set_step(-1)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 import torch
 from typer.testing import CliRunner
 
@@ -227,7 +228,7 @@ def test_thinkprune_lowers_the_cap_in_stages():
 
 def test_mastery_all_correct_penalises_longer_than_shortest_capped():
     # s = 10; excess 0, 0.2, 1.0, 0 → penalty 0, 0.2, min(0.5, 1.0), 0
-    out = shape(MasteryGatedConfig(), groups([[1, 1, 1, 1]], [[10, 12, 20, 10]]))
+    out = shape(MasteryGatedConfig(support=1), groups([[1, 1, 1, 1]], [[10, 12, 20, 10]]))
     close(out.rewards, [[1.0, 0.8, 0.5, 1.0]])
     assert out.metrics["gate_open"] == 1.0
     assert out.metrics["penalised_frac"] == 0.5
@@ -236,36 +237,36 @@ def test_mastery_all_correct_penalises_longer_than_shortest_capped():
 
 
 def test_mastery_ties_in_length():
-    out = shape(MasteryGatedConfig(), groups([[1, 1, 1, 1]], [[10, 10, 10, 10]]))
+    out = shape(MasteryGatedConfig(support=1), groups([[1, 1, 1, 1]], [[10, 10, 10, 10]]))
     close(out.rewards, [[1, 1, 1, 1]])
     assert out.metrics["penalised_frac"] == 0.0 and out.metrics["penalty_mean"] == 0.0
     # two share the shortest length: neither is penalised; 15 → 0.5·0.5 = 0.25; 30 → min(0.5, 0.5·2)
-    out = shape(MasteryGatedConfig(alpha=0.5), groups([[1, 1, 1, 1]], [[10, 10, 15, 30]]))
+    out = shape(MasteryGatedConfig(support=1, alpha=0.5), groups([[1, 1, 1, 1]], [[10, 10, 15, 30]]))
     close(out.rewards, [[1.0, 1.0, 0.75, 0.5]])
 
 
 def test_mastery_one_correct_gate_closed_at_default_tau():
-    out = shape(MasteryGatedConfig(), groups([[1, 0, 0, 0]], [[20, 5, 6, 7]]))
+    out = shape(MasteryGatedConfig(support=1), groups([[1, 0, 0, 0]], [[20, 5, 6, 7]]))
     close(out.rewards, [[1, 0, 0, 0]])
     assert out.metrics["gate_open"] == 0.0 and out.metrics["penalised_frac"] == 0.0
     assert math.isnan(out.metrics["safe_len_mean"])
     # gate open at τ = 0.25, but the one correct rollout is the shortest correct one; wrong ones untouched
-    out = shape(MasteryGatedConfig(tau=0.25), groups([[1, 0, 0, 0]], [[20, 5, 60, 7]]))
+    out = shape(MasteryGatedConfig(support=1, tau=0.25), groups([[1, 0, 0, 0]], [[20, 5, 60, 7]]))
     close(out.rewards, [[1, 0, 0, 0]])
     assert out.metrics["gate_open"] == 1.0 and out.metrics["safe_len_mean"] == 20.0
 
 
 def test_mastery_none_correct_and_all_truncated():
-    out = shape(MasteryGatedConfig(tau=0.25), groups([[0, 0, 0, 0]], [[5, 9, 30, 2]]))
+    out = shape(MasteryGatedConfig(support=1, tau=0.25), groups([[0, 0, 0, 0]], [[5, 9, 30, 2]]))
     close(out.rewards, [[0, 0, 0, 0]])
     assert out.metrics["gate_open"] == 0.0
     # truncation is not a penalty here: correct truncated rollouts keep their reward
-    out = shape(MasteryGatedConfig(), groups([[1, 1, 0, 1]], [[20, 20, 20, 20]], [[1, 1, 1, 1]], cap=20))
+    out = shape(MasteryGatedConfig(support=1), groups([[1, 1, 0, 1]], [[20, 20, 20, 20]], [[1, 1, 1, 1]], cap=20))
     close(out.rewards, [[1, 1, 0, 1]])
 
 
 def test_mastery_mixed_batch_with_tau_slack_and_cap():
-    config = MasteryGatedConfig(tau=0.75, slack=0.25, alpha=0.5, max_penalty=0.3)
+    config = MasteryGatedConfig(support=1, tau=0.75, slack=0.25, alpha=0.5, max_penalty=0.3)
     out = shape(config, groups(
         [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]],
         [[8, 10, 20, 4], [30, 40, 5, 5], [16, 18, 24, 16]],
@@ -286,26 +287,26 @@ def test_mastery_keeps_partial_credit_where_it_does_not_penalise():
     penalty act on correct rollouts only, and a partially right answer keeps its score."""
     closed = groups([[1, 0, 0, 0]], [[20, 5, 6, 7]])
     closed = dataclasses.replace(closed, scores=torch.tensor([[1.0, 0.5, 0.0, 0.25]]))
-    out = shape(MasteryGatedConfig(), closed)
+    out = shape(MasteryGatedConfig(support=1), closed)
     close(out.rewards, [[1.0, 0.5, 0.0, 0.25]])
     assert out.metrics["penalised_frac"] == 0.0                     # nothing was penalised
     gated = groups([[1, 1, 1, 0]], [[10, 12, 20, 4]])
     gated = dataclasses.replace(gated, scores=torch.tensor([[1.0, 1.0, 1.0, 0.5]]))
-    out = shape(MasteryGatedConfig(tau=0.75), gated)
+    out = shape(MasteryGatedConfig(support=1, tau=0.75), gated)
     close(out.rewards, [[1.0, 0.8, 0.5, 0.5]])                      # the wrong rollout keeps its 0.5
-    for config in (MasteryGatedConfig(gate=False), NoneConfig()):   # the ablation and the control agree
+    for config in (MasteryGatedConfig(support=1, gate=False), NoneConfig()):   # the ablation and the control agree
         assert shape(config, closed).rewards[0, 1] == 0.5
 
 
 def test_mastery_correct_always_scores_above_wrong():
-    out = shape(MasteryGatedConfig(alpha=100.0, max_penalty=0.9), groups([[1, 1, 1, 1]], [[5, 100, 6, 5]]))
+    out = shape(MasteryGatedConfig(support=1, alpha=100.0, max_penalty=0.9), groups([[1, 1, 1, 1]], [[5, 100, 6, 5]]))
     close(out.rewards, [[1.0, 0.1, 0.1, 1.0]])
     with pytest.raises(ValueError):
-        MasteryGatedConfig(max_penalty=1.0)
+        MasteryGatedConfig(support=1, max_penalty=1.0)
 
 
 def test_mastery_best_seen_memory_across_batches_and_checkpoints():
-    strategy = build_strategy(MasteryGatedConfig(use_best_seen=True))
+    strategy = build_strategy(MasteryGatedConfig(support=1, use_best_seen=True))
     # batch 1: p gated with s = 12; q not gated (one correct, length 9)
     out = strategy.shape(groups([[1, 1, 1, 1], [1, 0, 0, 0]], [[12, 14, 12, 16], [9, 3, 3, 3]], ids=["p", "q"]))
     close(out.rewards, [[1, 1 - 2 / 12, 1, 1 - 4 / 12], [1, 0, 0, 0]])
@@ -318,7 +319,7 @@ def test_mastery_best_seen_memory_across_batches_and_checkpoints():
     assert out.metrics["safe_len_mean"] == pytest.approx(10.5)
     assert strategy.best_seen == {"p": 12, "q": 9}
     # without the memory, the same group's own shortest (15) is the safe length
-    close(shape(MasteryGatedConfig(), batch2).rewards[0], [1.0, 1.0, 0.8, 1.0])
+    close(shape(MasteryGatedConfig(support=1), batch2).rewards[0], [1.0, 1.0, 0.8, 1.0])
 
     # batch 3: a shorter correct rollout lowers p's best
     strategy.shape(groups([[1, 1, 1, 1]], [[6, 6, 6, 6]], ids=["p"]))
@@ -327,12 +328,12 @@ def test_mastery_best_seen_memory_across_batches_and_checkpoints():
     # the state goes through a checkpoint's JSON and back
     state = json.loads(json.dumps(strategy.state_dict()))
     assert state == {"best_seen": {"p": 6, "q": 9}}
-    restored = build_strategy(MasteryGatedConfig(use_best_seen=True))
+    restored = build_strategy(MasteryGatedConfig(support=1, use_best_seen=True))
     restored.load_state_dict(state)
     assert restored.best_seen == {"p": 6, "q": 9}
     probe = groups([[1, 1, 1, 1]], [[7, 7, 8, 7]], ids=["p"])
     close(restored.shape(probe).rewards, [[1 - 1 / 6, 1 - 1 / 6, 1 - 2 / 6, 1 - 1 / 6]])   # s = 6, the restored best
-    close(shape(MasteryGatedConfig(), probe).rewards, [[1, 1, 1 - 1 / 7, 1]])               # s = 7 without memory
+    close(shape(MasteryGatedConfig(support=1), probe).rewards, [[1, 1, 1 - 1 / 7, 1]])               # s = 7 without memory
     restored.load_state_dict({})                                        # a fresh phase starts empty
     assert restored.best_seen == {}
 
@@ -340,7 +341,7 @@ def test_mastery_best_seen_memory_across_batches_and_checkpoints():
 def test_mastery_support_keeps_one_lucky_short_answer_from_setting_the_reference():
     # the level-2 failure: all correct, one direct answer of 5 tokens among thinking ones of 30–40
     lucky = groups([[1, 1, 1, 1]], [[5, 30, 36, 40]])
-    close(shape(MasteryGatedConfig(), lucky).rewards, [[1, 0.5, 0.5, 0.5]])        # s = 5: every thinker capped
+    close(shape(MasteryGatedConfig(support=1), lucky).rewards, [[1, 0.5, 0.5, 0.5]])        # s = 5: every thinker capped
     out = shape(MasteryGatedConfig(support=2), lucky)                                # s = 30, the second shortest
     close(out.rewards, [[1, 1, 1 - 6 / 30, 1 - 10 / 30]])
     assert out.metrics["safe_len_mean"] == 30.0
@@ -352,6 +353,26 @@ def test_mastery_support_keeps_one_lucky_short_answer_from_setting_the_reference
     assert out.metrics["penalised_frac"] == 0.0
     # a support above the group size never penalises
     close(shape(MasteryGatedConfig(support=5), lucky).rewards, [[1, 1, 1, 1]])
+
+
+def test_mastery_default_support_is_half_the_group():
+    assert MasteryGatedConfig().support == "half"
+    # G = 8: m = 4, s = 32; the direct answers of 5 and 6 tokens set nothing
+    eight = groups([[1] * 8], [[5, 6, 30, 32, 33, 35, 40, 64]])
+    close(shape(MasteryGatedConfig(), eight).rewards, [[1, 1, 1, 1, 1 - 1 / 32, 1 - 3 / 32, 1 - 8 / 32, 0.5]])
+    assert shape(MasteryGatedConfig(), eight).metrics["safe_len_mean"] == 32.0
+    # G = 4: m = 2; G = 3: m = 2 (⌈3/2⌉); the same as the integer
+    four = groups([[1, 1, 1, 1]], [[5, 30, 36, 40]])
+    close(shape(MasteryGatedConfig(), four).rewards, shape(MasteryGatedConfig(support=2), four).rewards)
+    three = groups([[1, 1, 1]], [[5, 30, 36]])
+    close(shape(MasteryGatedConfig(), three).rewards, [[1, 1, 1 - 6 / 30]])
+    # with visits, half of this group's size, over the pooled rollouts
+    pooled = build_strategy(MasteryGatedConfig(visits=2))
+    pooled.shape(groups([[1, 1, 1, 1]], [[4, 4, 50, 50]], ids=["p"]))
+    close(pooled.shape(groups([[1, 1, 1, 1]], [[5, 30, 36, 40]], ids=["p"])).rewards, [[1 - 1 / 4, 0.5, 0.5, 0.5]])   # s = 4, reproduced
+    for bad in (0, -1, "quarter", 1.5):
+        with pytest.raises(ValidationError):
+            MasteryGatedConfig(support=bad)
 
 
 def test_mastery_visits_pool_pass_rate_and_reference_across_a_prompts_groups():
@@ -383,12 +404,12 @@ def test_mastery_visits_pool_pass_rate_and_reference_across_a_prompts_groups():
     probe = groups([[1, 1, 1, 1]], [[7, 7, 8, 7]], ids=["p"])
     close(restored.shape(probe).rewards, strategy.shape(probe).rewards.tolist())
     with pytest.raises(ValueError, match="prompt ids"):
-        shape(MasteryGatedConfig(visits=2), groups([[1, 1]], [[3, 4]]))
+        shape(MasteryGatedConfig(support=1, visits=2), groups([[1, 1]], [[3, 4]]))
 
 
 def test_mastery_best_seen_needs_prompt_ids():
     with pytest.raises(ValueError, match="prompt ids"):
-        shape(MasteryGatedConfig(use_best_seen=True), groups([[1, 1]], [[3, 4]]))
+        shape(MasteryGatedConfig(support=1, use_best_seen=True), groups([[1, 1]], [[3, 4]]))
 
 
 def test_stateless_strategy_refuses_state():
@@ -584,7 +605,7 @@ class _OkTask:
 
 
 @pytest.mark.parametrize("config,kept", [
-    (MasteryGatedConfig(), [[1.0, 1.0, 0.5, 0.5]]),   # the all-correct group with unequal lengths survives
+    (MasteryGatedConfig(support=1), [[1.0, 1.0, 0.5, 0.5]]),   # the all-correct group with unequal lengths survives
     (NoneConfig(), []),                               # without the penalty its rewards are all 1: dropped
 ])
 def test_dynamic_sampling_keeps_a_penalised_mastered_group(config, kept):

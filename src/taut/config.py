@@ -362,6 +362,12 @@ class RunConfig(Strict):
             needs_validation = [p.name for p in self.phases if p.stop.accuracy_drop is not None]
             if needs_validation and self.validation.every == 0:
                 raise ValueError(f"phases {needs_validation} stop on validation accuracy: set validation.every")
+        for strategy in [self.strategy, *(p.strategy for p in self.phases or [])]:
+            support, visits = getattr(strategy, "support", None), getattr(strategy, "visits", 1)
+            if isinstance(support, int) and support > self.rl.group_size * visits:
+                raise ValueError(f"{strategy.name}: support={support} exceeds the {self.rl.group_size * visits} rollouts it "
+                                 f"pools (rl.group_size × visits), so its penalty could never apply; use support: half or "
+                                 f"at most {self.rl.group_size * visits}")
         return self
 
     def plan(self) -> list[PhaseConfig]:
@@ -507,6 +513,8 @@ def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: d
             from taut.length import REGISTRY
 
             messages.append(f"{where}: unknown strategy {e['input'].get('name')!r} at {dotted!r}; valid strategies: {', '.join(REGISTRY)}")
+        elif isinstance(e.get("input"), dict):       # a check across keys: the whole section is no help
+            messages.append(f"{where}: {dotted}: {e['msg']}")
         else:
             messages.append(f"{where}: {dotted}: {e['msg']} (got {e.get('input')!r})")
     return "invalid configuration:\n  " + "\n  ".join(messages)

@@ -141,6 +141,7 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
         timings[key] = result["seconds"]
         if was_resumed:
             resumed.append(result["run_dir"])
+    add_efficiency(start_eval, start_eval_path, results)
 
     # the matrix's wall clock, recorded when every run trained in this invocation; a matrix found
     # complete reports that record, a partly resumed one the sum of its runs' recorded times
@@ -190,6 +191,7 @@ def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path,
     curriculum = json.loads((run_dir / "curriculum.json").read_text())
     seconds, found_done = _recorded_seconds(run_dir, time.perf_counter() - tick, fresh)
     result = {"method": method.name, "seed": seed, "run_dir": str(run_dir), "evals": evals,
+              "eval_files": {label: str(run_dir / "eval" / f"{ckpt.name}.json") for label, ckpt in targets.items()},
               "phases": curriculum["phases"], "seconds": seconds}
     for label, e in evals.items():
         console.print(f"bench: {key} {label}: accuracy {e['overall']['accuracy']:.3f}, "
@@ -232,11 +234,45 @@ METRICS = {
     "redundancy": ("overall", "redundancy"),
     "level1_tokens": ("by_level", "1", "tokens_mean"),
     "level4_accuracy": ("by_level", "4", "accuracy"),
+    "tokens_per_correct": ("overall", "tokens_per_correct"),
+    "overthinking_local": ("overall", "overthinking_tokens"),
+    "overthinking_global": ("efficiency", "overthinking_global"),
+    "underthinking": ("efficiency", "underthinking_pp"),
 }
 
 
+def _sample_outcomes(eval_path: Path) -> dict[str, list[tuple[int, bool]]] | None:
+    from taut.evaluate import outcomes
+
+    path = Path(eval_path).with_suffix(".samples.jsonl")
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        return outcomes([json.loads(line) for line in f if line.strip()])
+
+
+def add_efficiency(start: dict, start_path: Path, results: dict[str, Any]) -> None:
+    """The oracle-free measures across the matrix, into each evaluation's `efficiency`: global
+    overthinking (tokens over the shortest correct answer to the same problem in any evaluation
+    of the matrix, ThoughtTerminator's O_g) and underthinking (points of accuracy lost on the
+    problems the start solved; taut.metrics). nan where a samples file is missing."""
+    from taut.metrics import overthinking, shortest_correct, underthinking
+
+    start_out = _sample_outcomes(start_path)
+    runs = [(e, _sample_outcomes(r["eval_files"][label]) if "eval_files" in r else None)
+            for r in results.values() for label, e in r["evals"].items()]
+    shortest = shortest_correct(*(o for o in [start_out, *(o for _, o in runs)] if o is not None))
+    for e, now in [(start, start_out), *runs]:
+        lost = underthinking(start_out, now)[0] if start_out is not None and now is not None else math.nan
+        e["efficiency"] = {"overthinking_global": overthinking(now, shortest) if now is not None else math.nan,
+                           "underthinking_pp": 100 * lost}
+
+
 def _get(e: dict, path: tuple) -> float:
+    """The value at `path`; nan where an older evaluation lacks it."""
     for p in path:
+        if not isinstance(e, dict) or e.get(p) is None:
+            return math.nan
         e = e[p]
     return e
 
@@ -296,7 +332,7 @@ def targets(rows: list[dict]) -> list[tuple[str, bool | None, str]]:
         out.append(("Mastery-gated curriculum ≥ 30% shorter than the start, accuracy within 1 point or better",
                     m["length_change"] <= -0.30 and m["accuracy_change"] >= -0.01,
                     f"{_pct(m['length_change'])} tokens, {100 * m['accuracy_change']:+.1f} points"))
-        for name in ("dapo-lite", "dapo-heavy"):
+        for name in ("dapo-lite", "dapo-heavy", "dler", "alp", "shorter-better"):
             d = by.get(name)
             if d:
                 dominates = m["accuracy"] >= d["accuracy"] and m["tokens"] <= d["tokens"]
@@ -311,6 +347,42 @@ def targets(rows: list[dict]) -> list[tuple[str, bool | None, str]]:
                     low["length_change"] < 0 and low["accuracy_change"] >= 0,
                     f"{_pct(low['length_change'])} tokens, {100 * low['accuracy_change']:+.1f} points"))
     return out
+
+
+def efficiency_table(start: dict, rows: list[dict]) -> list[str]:
+    """The oracle-free measures beside the oracle's redundancy, and how well they track it."""
+    def cell(value: float, digits: int = 1) -> str:
+        return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+    redundant = lambda r: r["redundancy"] * r["tokens"]            # noqa: E731  oracle: redundant tokens per response
+    start_row = {"method": "start", "redundancy": _get(start, ("overall", "redundancy")),
+                 "tokens": _get(start, ("overall", "tokens_mean")), **{k: _get(start, METRICS[k]) for k in
+                 ("tokens_per_correct", "overthinking_local", "overthinking_global", "underthinking")}}
+    lines = ["", "**Efficiency without an oracle, beside the oracle's redundancy** (taut.metrics, docs/evaluation.md):",
+             "redundant tokens per response by the testbed's oracle; overthinking, local: mean tokens over the",
+             "shortest correct sample of the same problem in the same evaluation; global: over the shortest correct",
+             "answer to it in any evaluation of the matrix (ThoughtTerminator's measure, arXiv 2504.13367);",
+             "underthinking: points of accuracy lost on the problems the start solved (ours, after OptimalThinkingBench).",
+             "",
+             "| method | redundancy (oracle) | redundant tokens (oracle) | overthinking, local | overthinking, global | tokens per correct | underthinking |",
+             "|---|---|---|---|---|---|---|"]
+    for r in [start_row, *rows]:
+        lines.append(f"| {r['method']} | {cell(r['redundancy'], 2)} | {cell(redundant(r))} | {cell(r['overthinking_local'])} | "
+                     f"{cell(r['overthinking_global'])} | {cell(r['tokens_per_correct'])} | {cell(r['underthinking'])} pts |")
+    pairs = [(redundant(r), r["overthinking_global"], r["overthinking_local"]) for r in [start_row, *rows]]
+    pairs = [p for p in pairs if not any(math.isnan(x) for x in p)]
+    if len(pairs) >= 3:
+        oracle, glob, local = zip(*pairs)
+        lines += ["", f"Across these {len(pairs)} rows the oracle's redundant tokens correlate with global overthinking at "
+                      f"r = {_pearson(oracle, glob):.2f} and with local overthinking at r = {_pearson(oracle, local):.2f} (Pearson)."]
+    return lines
+
+
+def _pearson(x: tuple[float, ...], y: tuple[float, ...]) -> float:
+    try:
+        return statistics.correlation(x, y)
+    except statistics.StatisticsError:             # a constant column
+        return math.nan
 
 
 def write_benchmarks_md(path: Path, summary: dict[str, Any], figures: dict[str, Path]) -> None:
@@ -357,6 +429,7 @@ def write_benchmarks_md(path: Path, summary: dict[str, Any], figures: dict[str, 
             f"| {r['method']} | {r['seeds']} | {_pm(r, 'accuracy')} | {_pm(r, 'tokens', digits=1)} | {_pct(r['length_change'])} | "
             f"{100 * r['accuracy_change']:+.1f} pts | {_pm(r, 'redundancy', digits=2)} | {_pm(r, 'level1_tokens', digits=1)} | "
             f"{_pm(r, 'level4_accuracy')} | {100 * r['held_accuracy_change']:+.1f} pts | {_pct(r['held_length_change'])} |")
+    lines += efficiency_table(start, rows)
     lines += ["", "## Targets", "", "| target | met | measured |", "|---|---|---|"]
     for claim, met, measured in targets(summary["rows"]):
         lines.append(f"| {claim} | {'yes' if met else 'no'} | {measured} |")

@@ -26,7 +26,10 @@ against, which taught guessing):
 
     support m      the reference is the m-th shortest correct length, not the shortest: a
                    length counts only once m correct rollouts reach it (m = 1: the paper's
-                   reading); a group with fewer than m correct rollouts is not penalised
+                   reading); a group with fewer than m correct rollouts is not penalised.
+                   The default, `half`, is m = ⌈G/2⌉ for a group of G rollouts (4 of 8): chosen
+                   by the gate suite, where it kept level 2 at 0.98 accuracy with 3 % direct
+                   answers against the paper reading's 0.85 and 59 % (BENCHMARKS.md)
     visits k       the pass rate and the reference are taken over the prompt's last k groups
                    (this one and the k − 1 before it, kept in `state_dict`), so one lucky group
                    cannot open the gate nor set the reference, and one unlucky group cannot
@@ -54,7 +57,8 @@ safe_len_mean (mean s over gated groups; NaN, logged as null, when no gate is op
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+import math
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -76,8 +80,9 @@ class MasteryGatedConfig(Strict):
     max_penalty: float = Field(0.5, gt=0, lt=1, description="penalty cap; below 1 so correct beats wrong")
     use_best_seen: bool = Field(False, description="also bound the safe length by the prompt's best seen so far")
     gate: bool = Field(True, description="penalise only mastered groups; false: every group (the ablation)")
-    support: int = Field(1, ge=1, description="the reference is the support-th shortest correct length "
-                                               "(1: the shortest; 2: one lucky short answer cannot set it)")
+    support: Annotated[int, Field(ge=1)] | Literal["half"] = Field(
+        "half", description="the reference is the support-th shortest correct length (1: the shortest, the "
+                            "paper's reading; half: ⌈G/2⌉ of a group of G, so lucky short answers cannot set it)")
     visits: int = Field(1, ge=1, description="pass rate and reference over the prompt's last `visits` groups "
                                               "(1: this group alone)")
 
@@ -100,7 +105,7 @@ def mastery_gated_rewards(
     best_seen: Tensor | None = None,   # [P] float, inf where nothing seen
     gated: bool = True,
     base: Tensor | None = None,        # [P, G] the unshaped reward (a grader's partial credit); default: correctness
-    support: int = 1,
+    support: int | Literal["half"] = 1,
     history: list[list[tuple[int, bool]]] | None = None,   # per group: earlier visits' (length, correct)
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Shaped rewards [P, G] and the per-group gate and safe length (pure function).
@@ -108,6 +113,7 @@ def mastery_gated_rewards(
     The penalty applies to correct rollouts only; every other rollout keeps its base reward (a
     partially right answer keeps its partial credit). With `gated=False` the gate is open on
     every group; nothing else changes. `support` and `history` pool as the module docstring says."""
+    support = resolve_support(support, correct.shape[1])
     c = correct.float()
     base = c if base is None else base
     length = lengths.float()
@@ -129,6 +135,15 @@ def mastery_gated_rewards(
     excess = torch.where(penalised, (length - safe_g) / safe_g, torch.zeros_like(length))
     penalty = (alpha * excess).clamp(max=max_penalty)                             # 0 where not penalised
     return base - penalty, {"gate": gate, "safe": safe}
+
+
+def resolve_support(support: int | Literal["half"], group_size: int) -> int:
+    """m for a group of `group_size` rollouts: `half` is ⌈G/2⌉."""
+    if support == "half":
+        return max(1, math.ceil(group_size / 2))
+    if isinstance(support, bool) or not isinstance(support, int) or support < 1:
+        raise ValueError(f"support: expected a positive integer or 'half', got {support!r}")
+    return support
 
 
 def _pooled(correct: Tensor, lengths: Tensor, history: list[list[tuple[int, bool]]],
