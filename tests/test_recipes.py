@@ -70,6 +70,8 @@ STRATEGY_METRICS = {
     "dler": PENALTY,
     "alp": PENALTY,
     "shorter-better": [*PENALTY, "sol_mean"],
+    "laser": ["bonus_frac", "target_len_mean"],
+    "laser-d": ["bonus_frac", "target_len_mean", "target_len_low", "target_len_medium", "target_len_high"],
 }
 
 

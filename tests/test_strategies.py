@@ -26,7 +26,7 @@ from taut.length.truncation import HardTruncationConfig, ThinkPruneConfig
 
 ALL_NAMES = ["none", "siri", "mastery-gated", "mastery-gated-nogate", "dapo-overlong", "dapo-lite", "dapo-heavy", "hard-truncation",
              "thinkprune", "kimi", "l1-exact", "l1-max", "grpo-lambda", "sigmoid", "on-policy-sft", "dler", "alp",
-             "shorter-better"]
+             "shorter-better", "laser", "laser-d"]
 
 
 def groups(correct, lengths, truncated=None, *, cap=128, step=0, ids=(), budgets=None) -> GroupBatch:

@@ -1,4 +1,4 @@
-"""The field's strongest simple baselines (issue 39): DLER, ALP and ShorterBetter.
+"""The field's strongest simple baselines (issue 39): DLER, ALP and ShorterBetter; then LASER and LASER-D.
 
 Exact values computed by hand from each paper's formula on small groups, edge cases (no correct
 rollout, all truncated, a group of one, partial credit), DLER's batch-wise advantage normalisation
@@ -15,18 +15,19 @@ from taut.config import RLConfig, load_config
 from taut.length import REGISTRY, GroupBatch, build_strategy
 from taut.length.alp import AlpConfig
 from taut.length.dler import DlerConfig
+from taut.length.laser import LaserConfig, LaserDConfig, thresholds
 from taut.length.shorter_better import ShorterBetterConfig
 from taut.rl.advantages import group_advantages
 from taut.rl.objectives import build_objective, resolve_adv_norm
 
 
-def groups(correct, lengths, truncated=None, *, cap=100, scores=None) -> GroupBatch:
+def groups(correct, lengths, truncated=None, *, cap=100, scores=None, step=0) -> GroupBatch:
     correct = torch.tensor(correct, dtype=torch.bool)
     return GroupBatch(
         correct=correct,
         lengths=torch.tensor(lengths),
         truncated=torch.zeros_like(correct) if truncated is None else torch.tensor(truncated, dtype=torch.bool),
-        step=0, cap=cap,
+        step=step, cap=cap,
         scores=None if scores is None else torch.tensor(scores, dtype=torch.float32),
     )
 
@@ -52,6 +53,10 @@ def test_registered_with_sources_and_listed_by_the_cli():
     assert by_name["dler"]["defaults"] == {"name": "dler", "max_length": None, "truncated_scale": 0.0}
     assert by_name["alp"]["defaults"] == {"name": "alp", "beta": 0.5, "normalizer": None}
     assert by_name["shorter-better"]["defaults"] == {"name": "shorter-better", "alpha": 2.0, "beta": 0.001}
+    assert "2505.15612" in REGISTRY["laser"].source and "2505.15612" in REGISTRY["laser-d"].source
+    assert by_name["laser"]["defaults"] == {"name": "laser", "alpha": 1 / 3, "target_length": None}
+    assert by_name["laser-d"]["defaults"] == {"name": "laser-d", "alpha": 1 / 3, "min_target": None, "interval": None,
+                                              "monitor_every": 20, "expected_correct": 1}
 
 
 def test_configs_refuse_out_of_range_values():
@@ -65,6 +70,11 @@ def test_configs_refuse_out_of_range_values():
         load_config(None, ["strategy.name=alp", "strategy.normalizer=0"])
     with pytest.raises(ConfigError, match="alpha"):
         load_config(None, ["strategy.name=shorter-better", "strategy.alpha=-1"])
+    with pytest.raises(ConfigError, match="target_length"):
+        load_config(None, ["strategy.name=laser", "strategy.target_length=0"])
+    for key, bad in (("alpha", "0"), ("min_target", "0"), ("interval", "0"), ("monitor_every", "0"), ("expected_correct", "0")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, ["strategy.name=laser-d", f"strategy.{key}={bad}"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,3 +287,168 @@ def test_shorter_better_matches_a_loop():
         for i in range(5):
             expected = 1.0 * float(correct[p, i]) - 0.02 * abs(lengths[p, i].item() - sol)
             assert rewards[p, i].item() == pytest.approx(expected, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# LASER: r = c + α·1[correct]·1[ℓ ≤ L_T];  LASER-D: L_T per difficulty level, from monitored groups
+# ---------------------------------------------------------------------------------------------
+
+THIRD = 1 / 3
+
+
+def test_laser_step_bonus_within_the_target():
+    # α = 1/3, L_T = cap / 4 = 25: correct and ℓ ≤ 25 → 4/3; correct and longer → 1; wrong → 0 at any length
+    out = shape(LaserConfig(), groups([[1, 1, 0, 1]], [[20, 25, 10, 60]]))
+    close(out.rewards, [[4 * THIRD, 4 * THIRD, 0, 1]])
+    assert out.metrics == {"bonus_frac": 0.5, "target_len_mean": 25.0}
+    close(shape(LaserConfig(alpha=0.5, target_length=40), groups([[1, 1, 0]], [[40, 41, 5]])).rewards, [[1.5, 1, 0]])
+
+
+def test_laser_edge_cases():
+    close(shape(LaserConfig(), groups([[1, 1]], [[100, 100]], [[1, 1]])).rewards, [[1, 1]])          # all truncated
+    close(shape(LaserConfig(target_length=100), groups([[1, 0]], [[100, 100]], [[1, 1]])).rewards, [[4 * THIRD, 0]])
+    close(shape(LaserConfig(), groups([[0, 0, 0]], [[1, 2, 3]])).rewards, [[0, 0, 0]])                # none correct
+    close(shape(LaserConfig(), groups([[1]], [[3]])).rewards, [[4 * THIRD]])                          # a group of one
+    # partial credit is the base; only the score-1 answer earns the bonus
+    close(shape(LaserConfig(), groups([[1, 0, 0]], [[10, 10, 10]], scores=[[1.0, 0.5, 0.0]])).rewards, [[4 * THIRD, 0.5, 0]])
+
+
+def test_laser_alpha_is_the_codes_bonus_on_taut_scale():
+    """The released code scores 1 / −0.5 and adds 0.5; on taut's 1 / 0 scale the same group advantages need α = 1/3."""
+    lengths = [[10, 30, 20, 50, 5, 70]]
+    correct = [[1, 1, 0, 1, 0, 1]]
+    ours = shape(LaserConfig(target_length=40), groups(correct, lengths)).rewards
+    code = torch.tensor([[1.5, 1.5, -0.5, 1.0, -0.5, 1.0]])
+    close(ours, ((code + 0.5) / 1.5).tolist())
+    close(group_advantages(ours, "group"), group_advantages(code, "group").tolist())
+
+
+def test_laser_d_thresholds():
+    assert thresholds(128, 32, 8) == [32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128]
+    assert thresholds(128, 30, 8)[-3:] == [118, 126, 128]          # not aligned: the cap closes the list
+    assert thresholds(128, 200, 8) == [128]
+    assert thresholds(16384, 4096, 1024) == list(range(4096, 16384 + 1024, 1024))     # the released L4096 script's
+
+
+# One batch of three groups of G = 8 at a 128-token cap: thresholds 32, 40, …, 128.
+#   high (8/8 correct), n = ⌊16/3⌋ = 5: ⌊5·covered/8⌋ ≥ 1 needs 2 rollouts within T → T = 40 (34, 36)
+#   medium (4/8),       n = ⌊8/3⌋ = 2:  needs 4 within T → the 4th shortest is 50 → T = 56
+#   low (1/8),          n = 1:          needs all 8 within T → the longest is 120 → T = 120
+LASER_D_BATCH = (
+    [[1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 1, 0, 1, 0], [1, 0, 0, 0, 0, 0, 0, 0]],
+    [[34, 36, 41, 44, 50, 60, 70, 80], [30, 35, 45, 50, 55, 60, 90, 100], [20, 30, 40, 50, 60, 70, 80, 120]],
+)
+
+
+def test_laser_d_targets_per_difficulty_level():
+    strategy = build_strategy(LaserDConfig())
+    out = strategy.shape(groups(*LASER_D_BATCH, cap=128))
+    b = 4 * THIRD
+    close(out.rewards, [[b, b, 1, 1, 1, 1, 1, 1],            # high, L = 40
+                        [b, b, 0, 0, b, 0, 1, 0],            # medium, L = 56: 90 is too long
+                        [b, 0, 0, 0, 0, 0, 0, 0]])           # low, L = 120
+    assert out.metrics == {"bonus_frac": 0.25, "target_len_mean": 72.0,
+                           "target_len_low": 120.0, "target_len_medium": 56.0, "target_len_high": 40.0}
+    assert strategy.state_dict() == {"targets": {"low": 120, "medium": 56, "high": 40}, "next_refresh": 20,
+                                     "pooled": {"low": [], "medium": [], "high": []}}
+
+
+def test_laser_d_level_without_monitored_groups_gets_the_cap():
+    out = shape(LaserDConfig(), groups([[1, 1, 1, 1]], [[10, 20, 30, 128]], cap=128))
+    # high: n = ⌊8/3⌋ = 2 needs 2 of 4 within T → T = 32, which 3 reach; low and medium were not monitored → the cap
+    assert (out.metrics["target_len_high"], out.metrics["target_len_medium"], out.metrics["target_len_low"]) == (32, 128, 128)
+    close(out.rewards, [[4 * THIRD, 4 * THIRD, 4 * THIRD, 1]])
+
+
+def test_laser_d_training_and_monitor_levels_split_at_thirds_as_the_code():
+    """G = 3: 2 of 3 correct is `high` for the reward (p ≥ 2/3) but `medium` for the monitor (p ≤ 2/3);
+    1 of 3 is `medium` for the reward (p ≥ 1/3) and `low` for the monitor (p ≤ 1/3)."""
+    strategy = build_strategy(LaserDConfig())
+    strategy.load_state_dict({"targets": {"low": 30, "medium": 20, "high": 10}, "next_refresh": 100, "pooled": {}})
+    out = strategy.shape(groups([[1, 1, 0], [1, 0, 0], [1, 0, 0], [0, 0, 0]],
+                                [[10, 15, 5], [20, 1, 1], [21, 1, 1], [1, 1, 1]], cap=128))
+    close(out.rewards, [[4 * THIRD, 1, 0], [4 * THIRD, 0, 0], [1, 0, 0], [0, 0, 0]])
+    assert out.metrics["target_len_mean"] == pytest.approx((10 + 20 + 20 + 30) / 4)
+    assert strategy.state_dict()["pooled"] == {"low": [20, 1, 1, 21, 1, 1, 1, 1, 1], "medium": [10, 15, 5], "high": []}
+
+
+# G = 4 at a 64-token cap, min_target 16, interval 8: thresholds 16, 24, …, 64; n = 1 (low), 1 (medium), 2 (high).
+STEP0 = ([[1, 1, 1, 1]], [[10, 20, 30, 40]])               # high: 2 within 24 → L_high = 24
+STEP1 = ([[1, 1, 1, 1]], [[8, 8, 50, 60]])                 # pooled (high), shaped with L_high = 24
+STEP1_AGAIN = ([[0, 0, 0, 1]], [[12, 40, 50, 60]])         # a second round of step 1 (dynamic sampling), low
+STEP2 = ([[1, 1, 0, 0]], [[20, 30, 40, 50]])               # refresh from step 1's groups and this one (medium)
+STEP3 = ([[1, 1, 1, 1]], [[16, 17, 10, 30]])
+
+
+def run_laser_d(strategy, batches):
+    return [strategy.shape(groups(c, l, cap=64, step=s)) for s, (c, l) in batches]
+
+
+def test_laser_d_refreshes_targets_every_monitor_every_steps():
+    strategy = build_strategy(LaserDConfig(min_target=16, interval=8, monitor_every=2))
+    b = 4 * THIRD
+    out = run_laser_d(strategy, [(0, STEP0), (1, STEP1), (1, STEP1_AGAIN), (2, STEP2), (3, STEP3)])
+    close(out[0].rewards, [[b, b, 1, 1]])
+    close(out[1].rewards, [[b, b, 1, 1]])                  # the step-0 target 24 still holds
+    close(out[2].rewards, [[0, 0, 0, b]])                  # low: not monitored yet → the cap
+    # step 2 refreshes from the pool: high [8, 8, 50, 60] → 16; low [12, 40, 50, 60] → 64 (all within);
+    # medium [20, 30, 40, 50] (n = 1: all within) → 56
+    assert [out[3].metrics[f"target_len_{k}"] for k in ("low", "medium", "high")] == [64, 56, 16]
+    close(out[3].rewards, [[b, b, 0, 0]])
+    close(out[4].rewards, [[b, 1, b, 1]])                  # step 3: no refresh, high target 16
+    assert strategy.state_dict()["next_refresh"] == 4
+
+
+def test_laser_d_restored_strategy_shapes_the_same():
+    config = LaserDConfig(min_target=16, interval=8, monitor_every=2)
+    steps = [(0, STEP0), (1, STEP1), (1, STEP1_AGAIN), (2, STEP2), (3, STEP3)]
+    for cut in range(1, len(steps)):
+        original = build_strategy(config)
+        run_laser_d(original, steps[:cut])
+        restored = build_strategy(config)
+        restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
+        assert restored.state_dict() == original.state_dict()
+        for a, b in zip(run_laser_d(original, steps[cut:]), run_laser_d(restored, steps[cut:])):
+            assert torch.equal(a.rewards, b.rewards) and a.metrics == b.metrics
+    restored.load_state_dict({})                           # a phase that starts afresh
+    assert restored.state_dict() == {"targets": {}, "next_refresh": 0, "pooled": {"low": [], "medium": [], "high": []}}
+
+
+def _released_laser_d(correct, lengths, length_thresholds, n_rollout=8, expected_n_correct=1, scalar=0.5):
+    """hkust-nlp/Laser's larse-d reward, near-literally, with the training groups as the monitor set:
+    `_count_accuracy_bands_metrics` + `_calculate_length_coverage_statistics` (ray_trainer.py),
+    `_choose_target_length` (floor) and `compute_length_reward_larse_d` (length_penalty.py)."""
+    lengths_by_band = {"low": [], "medium": [], "high": []}
+    for c, l in zip(correct, lengths):
+        accuracy = sum(c) / len(c)
+        band = "low" if accuracy <= 1 / 3 else "medium" if accuracy <= 2 / 3 else "high"
+        lengths_by_band[band].extend(l)
+    max_response_length = max(max(l) for l in lengths)
+    target_lengths = {}
+    for level in ("low", "medium", "high"):
+        target_lengths[level] = max_response_length
+        for length in length_thresholds:
+            band = lengths_by_band[level]
+            ratio = sum(1 for x in band if x <= length) / len(band) if band else 0.0
+            lower_n = int(n_rollout * 2 / 3) if level == "high" else int(n_rollout * 1 / 3) if level == "medium" else 1
+            if int(ratio * lower_n) >= expected_n_correct and length < target_lengths[level]:
+                target_lengths[level] = length
+    scores = []
+    for c, l in zip(correct, lengths):
+        acc = sum(c) / len(c)
+        target = target_lengths["high"] if acc >= 2 / 3 else target_lengths["medium"] if acc >= 1 / 3 else target_lengths["low"]
+        scores.append([(1.0 + (scalar if n <= target else 0.0)) if ok else -0.5 for ok, n in zip(c, l)])
+    return scores
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_laser_d_matches_the_released_code(seed):
+    """At the released L4096 script's scale (cap 16,384, thresholds 4,096 … 16,384 every 1,024, G = 8), the
+    first step's rewards are the code's mapped to taut's scale by (x + 0.5) / 1.5."""
+    gen = torch.Generator().manual_seed(seed)
+    rates = torch.rand(12, 1, generator=gen)
+    correct = (torch.rand(12, 8, generator=gen) < rates).int().tolist()
+    lengths = torch.randint(500, 16385, (12, 8), generator=gen).tolist()
+    ours = shape(LaserDConfig(), groups(correct, lengths, cap=16384)).rewards
+    code = torch.tensor(_released_laser_d(correct, lengths, list(range(4096, 16384 + 1024, 1024))))
+    close(ours, ((code + 0.5) / 1.5).tolist())

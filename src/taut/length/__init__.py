@@ -13,6 +13,7 @@ from taut.length.dapo import DapoHeavyConfig, DapoLiteConfig, DapoOverlong, Dapo
 from taut.length.dler import Dler, DlerConfig
 from taut.length.kimi import Kimi, KimiConfig
 from taut.length.l1 import L1, L1ExactConfig, L1MaxConfig
+from taut.length.laser import Laser, LaserConfig, LaserD, LaserDConfig
 from taut.length.mastery import MasteryGated, MasteryGatedConfig, MasteryGatedNoGateConfig
 from taut.length.none import NoneConfig, NoStrategy
 from taut.length.on_policy_sft import OnPolicySft, OnPolicySftConfig
@@ -49,6 +50,9 @@ REGISTRY: dict[str, Entry] = {
     "dler": Entry(DlerConfig, Dler, "DLER 2510.15110", "truncation (capped rollouts score 0) with batch-wise advantage normalisation"),
     "alp": Entry(AlpConfig, Alp, "ALP 2506.05256 (N: our reading)", "per-token penalty scaled by the prompt's solve rate, max(p, 1/K)"),
     "shorter-better": Entry(ShorterBetterConfig, ShorterBetter, "ShorterBetter 2504.21370", "α·correct − β·|length − shortest correct length of the group|"),
+    "laser": Entry(LaserConfig, Laser, "LASER 2505.15612", "step bonus α on correct rollouts within a target length L_T"),
+    "laser-d": Entry(LaserDConfig, LaserD, "LASER-D 2505.15612 (monitor: our reading)",
+                     "LASER's bonus with one target per difficulty level (group pass rate), refreshed from recent groups"),
 }
 
 StrategyConfig = Annotated[
