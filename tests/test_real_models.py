@@ -323,3 +323,95 @@ def test_the_shipped_testbed_checkpoint_loads_with_auto_tokenizer():
     auto = AutoTokenizer.from_pretrained(ASSETS / "testbed-sft")
     text = "add 3 4 = <think> 3 + 4 = 7 ; </think> answer 7"
     assert auto(text).input_ids == ours(text).input_ids and ours.decode(ours(text).input_ids).endswith("answer 7")
+
+
+# ---------------------------------------------------------------------------------------------
+# activation checkpointing: the same arithmetic, less memory
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir, tmp_path):
+    """rl.activation_checkpointing and sft.activation_checkpointing recompute each decoder layer in
+    the backward: every metrics line (loss, gradient norm, rewards, lengths) and the final weights
+    are those of the run without it (in RL, with share_prompts off, which checkpointing implies)."""
+    from taut.rl.trainer import train_rl
+    from taut.sft import train_sft
+
+    model = {"path": str(model_dir), "threads": 1, **({"lora": lora} if lora else {})}
+    rl = {"model": model, "data": {"train": [_math_task()], "pool_per_level": 100},
+          "rl": {"steps": 2, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "lr": 1e-2,
+                 "dynamic_sampling": False, "checkpoint_every": 2},
+          "strategy": {"name": "kimi"}}
+    sft = {"model": model, "data": {"sft": [_math_task(columns={"response": "solution"})]},
+           "sft": {"steps": 2, "batch_size": 4, "lr": 1e-2, "warmup_steps": 1, "log_every": 1, "checkpoint_every": 2}}
+    for name, spec, train, section in (("rl", rl, train_rl, "rl"), ("sft", sft, train_sft, "sft")):
+        runs = {}
+        for on in (False, True):
+            # checkpointed layers drop the cache a shared prompt's rollouts read, so rollouts are forwarded one by one:
+            # the run without checkpointing does the same (share_prompts: false), for the same rounding
+            extra = {"share_prompts": False} if section == "rl" and not on else {}
+            config = RunConfig.model_validate({**spec, section: {**spec[section], "activation_checkpointing": on, **extra}})
+            runs[on] = tmp_path / f"{name}-{on}"
+            train(config, runs[on], quiet=True)
+        timeless = lambda r: {k: v for k, v in r.items() if "time" not in k and not k.endswith("_s")}   # noqa: E731
+        assert [timeless(r) for r in _records(runs[True])] == [timeless(r) for r in _records(runs[False])], name
+        weights = [load_file(str(runs[on] / "checkpoints" / "step-000002" / "model.safetensors")) for on in (False, True)]
+        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
+
+
+def test_a_fresh_lora_adapter_is_drawn_from_the_run_seed_alone(model_dir):
+    """The adapter's initial A matrices come from `seed`, not from whatever the process drew
+    before: two loads with one seed give the same adapter, another seed another one."""
+    from taut.models import load_policy
+
+    config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "lora": LORA})
+
+    def adapter(seed: int) -> dict[str, torch.Tensor]:
+        model = load_policy(config, seed=seed).model
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_A" in n}
+
+    first = adapter(0)
+    torch.rand(1000)                                   # the process's own draws in between
+    again, other = adapter(0), adapter(1)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+    before = torch.random.get_rng_state()
+    adapter(0)
+    assert torch.equal(torch.random.get_rng_state(), before)          # and the process's stream is left as it was
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16-mixed"])
+def test_the_chunked_sft_loss_equals_the_full_logits_loss(dtype, model_dir, monkeypatch):
+    """taut.sft.response_loss runs the LM head on the response tokens only, a chunk at a time:
+    its loss and gradients are those of cross-entropy over the model's full logits, to rounding
+    (fp32: 1e-5 relative; bf16 autocast: 1e-2, the precision of the head's bf16 products)."""
+    import taut.sft as sft
+    from taut.models import load_policy
+
+    policy = load_policy(ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "dtype": dtype}), seed=0)
+    torch.manual_seed(0)
+    ids = torch.randint(3, policy.model.config.vocab_size, (3, 40))
+    target = ids[:, 1:].clone()
+    target[:, :10] = -100                                   # the prompt
+    target[1, 30:] = -100                                   # a shorter response, then padding
+    monkeypatch.setattr(sft, "LOSS_CHUNK_TOKENS", 16)       # several chunks, the last one partial
+
+    def loss_and_grads(fn):
+        policy.model.zero_grad(set_to_none=True)
+        loss = fn()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+    def full():
+        with policy.autocast():
+            logits = policy.model(input_ids=ids).logits[:, :-1]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                                                 ignore_index=-100, reduction="sum")
+
+    (a, ga), (b, gb) = loss_and_grads(full), loss_and_grads(lambda: sft.response_loss(policy, ids, target))
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    assert torch.allclose(a, b, rtol=tol), (a, b)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        assert torch.allclose(ga[name], gb[name], rtol=tol, atol=tol * ga[name].abs().max()), name

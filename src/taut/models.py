@@ -246,18 +246,24 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
     policy.compute_dtype = compute_dtype
     policy.chat = config.chat_template == "auto" and bool(policy.tokenizer.chat_template)
     if config.lora:
-        policy.model = _with_lora(policy.model, config)
+        policy.model = _with_lora(policy.model, config, seed)
         policy.lora_base = {"path": None if config.preset else str(Path(policy.source).resolve()),
                             "preset": config.preset, "seed": seed}
     return policy
 
 
-def _with_lora(model: PreTrainedModel, config: ModelConfig) -> PreTrainedModel:
+def _with_lora(model: PreTrainedModel, config: ModelConfig, seed: int) -> PreTrainedModel:
+    """A fresh adapter drawn from `seed` alone (peft draws the A matrices from torch's global
+    generator: seeded here in a fork of it, so the run's seed decides them and the process's own
+    stream is left as it was)."""
     from peft import LoraConfig, get_peft_model
 
     lora = config.lora
-    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                target_modules=lora.target_modules, task_type="CAUSAL_LM"))
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -273,6 +279,19 @@ def is_lora(model: torch.nn.Module) -> bool:
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face model inside a peft wrapper (its LoRA layers in place), else the model."""
     return model.get_base_model() if is_lora(model) else model
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Gradient checkpointing on the decoder layers of a Hugging Face model (through a peft
+    wrapper): each layer keeps its input and recomputes itself in the backward. Non-reentrant,
+    so a LoRA adapter over frozen embeddings needs no gradient on the inputs."""
+    base = unwrap(model)
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"activation_checkpointing: {type(base).__name__} does not support gradient checkpointing")
+    if hasattr(base, "activation_checkpointing_enable"):          # transformers ≥ 5.x's name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def lora_delta(module: torch.nn.Module) -> torch.Tensor | None:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from taut.checkpoint import latest_checkpoint, latest_intact_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
 from taut.config import RunConfig, to_yaml
 from taut.heartbeat import Heartbeat
-from taut.models import Policy, load_policy, resume_policy
+from taut.models import Policy, enable_activation_checkpointing, load_policy, resume_policy
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
@@ -81,6 +82,46 @@ def encode_batch(policy: Policy, pairs: list[tuple[str, str]]) -> tuple[torch.Te
         ids[i, : len(x)] = torch.tensor(x)
         labels[i, : len(y)] = torch.tensor(y)
     return ids, labels
+
+
+LOSS_CHUNK_TOKENS = 1024      # response tokens whose logits exist at once in the chunked SFT loss (taut.preflight counts the same)
+
+
+def response_loss(policy: Policy, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of the response tokens (`target` −100 elsewhere, [B, T−1]).
+
+    Where the LM head runs on hidden states (taut.rl.logprobs: any real tokenizer), the decoder's
+    hidden states are gathered at the response tokens and the head, the log-softmax and the loss
+    run on `LOSS_CHUNK_TOKENS` of them at a time, each chunk checkpointed: its logits are freed
+    after its loss and recomputed in the backward. No fp32 logits of the whole batch, nor any for
+    prompt tokens and padding, ever exist (on SmolLM2's 49k vocabulary, 20 bytes per token and
+    entry). Otherwise (the testbed's 37-token vocabulary) the model's own logits of every position.
+    The same loss either way, rounded differently."""
+    from taut.rl.logprobs import _decoder_and_head
+
+    model = policy.model
+    parts = _decoder_and_head(model)
+    if parts is None:
+        with policy.autocast():
+            logits = model(input_ids=ids).logits[:, :-1]                    # [B, T-1, V]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+    decoder, head = parts
+    real = target != -100
+    with policy.autocast():
+        hidden = decoder(input_ids=ids).last_hidden_state[:, :-1][real]         # [M, H]: response positions only
+    targets = target[real]
+
+    def chunk_loss(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        with policy.autocast():
+            logits = head(h)
+        return F.cross_entropy(logits.float(), t, reduction="sum")
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], LOSS_CHUNK_TOKENS):
+        h, t = hidden[start:start + LOSS_CHUNK_TOKENS], targets[start:start + LOSS_CHUNK_TOKENS]
+        total = total + torch.utils.checkpoint.checkpoint(chunk_loss, h, t, use_reentrant=False)
+    return total
 
 
 _bucket_cache: dict[tuple, list] = {}
@@ -154,6 +195,8 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     model = policy.model
     device = model.device
     model.train()
+    if sft.activation_checkpointing:
+        enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=sft.betas, weight_decay=sft.weight_decay)
     if start:
         load_optimizer(optimizer, ckpt)
@@ -170,11 +213,8 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
                 group["lr"] = lr
             ids, labels = encode_batch(policy, _bucketed(config, step))
             ids, labels = ids.to(device), labels.to(device)
-            with policy.autocast():
-                logits = model(input_ids=ids).logits[:, :-1]                    # [B, T-1, V]
             target = labels[:, 1:]                                              # [B, T-1]
-            token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                                         ignore_index=-100, reduction="sum")
+            token_loss = response_loss(policy, ids, target)
             loss = token_loss * sft.bucket_batches / _bucket_tokens(config, policy, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

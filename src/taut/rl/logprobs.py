@@ -88,10 +88,12 @@ def shares_prompts(model) -> bool:
 
 def _decoder_shares(decoder) -> bool:
     """Attention is torch's sdpa, which takes the boolean mask that hides the padding between a
-    prompt and its response, and no layer attends through a sliding window (which that mask does
-    not apply)."""
+    prompt and its response, no layer attends through a sliding window (which that mask does
+    not apply), and activation checkpointing is off (Hugging Face's checkpointed layers drop the
+    cache the responses read their prompt's keys and values from)."""
     config = decoder.config
-    return getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "sliding_window", None) is None
+    return (getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "sliding_window", None) is None
+            and not getattr(decoder, "gradient_checkpointing", False))
 
 
 def pack_responses(prompt_of: list[int], lengths: list[int], width: int) -> tuple[list[int], list[tuple[int, int]]]:

@@ -47,7 +47,7 @@ from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, Trip, 
 from taut.heartbeat import Heartbeat
 from taut.length import Strategy, build_strategy
 from taut.metrics import mean, percentile
-from taut.models import Policy, load_policy, restore_weights, resume_policy
+from taut.models import Policy, enable_activation_checkpointing, load_policy, restore_weights, resume_policy
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load, after_pool
 from taut.rl.data import Sampler, build_pool
@@ -195,6 +195,8 @@ def _train_rl(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop:
     after_load(config, "train", policy)           # every rollout cap against the model's context
     model = policy.model
     model.train()
+    if cfg.activation_checkpointing:
+        enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     prompt_limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, cfg.max_new_tokens)
     run = Run(config, model.device, prompt_limit)
