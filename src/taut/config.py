@@ -188,9 +188,9 @@ class SFTConfig(Strict):
     grad_clip: float = Field(1.0, gt=0)
     bucket_batches: int = Field(4, gt=0, description="batches drawn together and sorted by length (less padding)")
     activation_checkpointing: bool = Field(
-        False, description="keep only each decoder layer's input for the backward and recompute the layer in it (Hugging Face's "
-                           "gradient checkpointing): activation memory of one layer instead of all, for about a third more "
-                           "compute a step")
+        False, description="keep each decoder layer's input for the backward and recompute the layer in it (Hugging Face's "
+                           "gradient checkpointing): less activation memory for more compute, the same numbers "
+                           "(docs/real-models.md, 'SFT from files', has the measured peaks)")
     log_every: int = Field(50, gt=0)
     checkpoint_every: int = Field(500, gt=0)
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf")
@@ -233,9 +233,9 @@ class RLConfig(Strict):
     micro_batch_tokens: int = Field(2048, gt=0, description="padded tokens per forward/backward micro-batch (rows sorted by length; "
                                                              "with share_prompts, a prompt's rows together and their responses packed)")
     activation_checkpointing: bool = Field(
-        False, description="keep only each decoder layer's input for the backward and recompute the layer in it (Hugging Face's "
-                           "gradient checkpointing): activation memory of one layer instead of all, for about a third more "
-                           "compute a step")
+        False, description="keep each decoder layer's input for the backward and recompute the layer in it (Hugging Face's "
+                           "gradient checkpointing): less activation memory for more compute, the same numbers "
+                           "(docs/real-models.md, 'SFT from files', has the measured peaks)")
     share_prompts: bool = Field(
         True, description="forward each distinct prompt of a micro-batch once and its rollouts' responses against its keys and "
                           "values, instead of every row its own copy (Llama-family models with sdpa attention, no sliding window "
