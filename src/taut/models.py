@@ -283,15 +283,18 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Gradient checkpointing on the decoder layers of a Hugging Face model (through a peft
-    wrapper): each layer keeps its input and recomputes itself in the backward. Non-reentrant,
-    so a LoRA adapter over frozen embeddings needs no gradient on the inputs."""
+    wrapper): each layer keeps its input and recomputes itself in the backward. Reentrant, with
+    the embeddings' output requiring a gradient so that every layer's input does (frozen under
+    LoRA): on SmolLM2 a forward of 4 × 667 tokens peaked +0.70 GB with LoRA
+    and +0.86 GB fully fine-tuned, against +2.19 and +1.18 GB non-reentrant (docs/real-models.md)."""
     base = unwrap(model)
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise ValueError(f"activation_checkpointing: {type(base).__name__} does not support gradient checkpointing")
     if hasattr(base, "activation_checkpointing_enable"):          # transformers ≥ 5.x's name
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
     else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    base.enable_input_require_grads()
 
 
 def lora_delta(module: torch.nn.Module) -> torch.Tensor | None:

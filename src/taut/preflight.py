@@ -263,8 +263,8 @@ PROCESS_BYTES = 0.55e9        # Python, torch, transformers, tokenizers, the tas
 ACTIVATION_SCALE = 1.0        # × the saved tensors counted per token and layer (`_activation_bytes`)
 RL_LOGIT_BYTES = 16           # per response token and vocabulary entry in an RL update (bf16 head output,
                               # its fp32 copy, the entropy's softmax, their gradients)
-CHECKPOINTED_LAYERS = 12      # with activation checkpointing, the layers' worth of activations a step still peaks at
-                              # (SmolLM2-135M, 16 × 667 tokens: 12.9 GB measured with LoRA and with full fine-tuning)
+CHECKPOINTED_LAYERS = 6       # with activation checkpointing, the layers' worth of activations a step still peaks at
+                              # (SmolLM2-135M, 16 × 667 tokens: 7.21 GB measured with LoRA, 12.27 fully fine-tuned)
 LOSS_CHUNK_TOKENS = 1024      # taut.sft's: response tokens whose logits exist at once where the head runs on hidden states
 SFT_LOGIT_BYTES = 20          # per token and vocabulary entry in an SFT step (the logits, a contiguous copy, fp32,
                               # log-softmax, gradients)
@@ -351,7 +351,7 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
     per_token = shape.layers * _activation_bytes(shape, mixed, low)
     if section.activation_checkpointing:
         # each layer keeps its fp32 input and recomputes itself in the backward; measured, a step still peaks as if
-        # CHECKPOINTED_LAYERS layers' activations were kept (docs/reliability.md; the cause is not yet found)
+        # CHECKPOINTED_LAYERS layers' activations were kept (docs/reliability.md: the recomputation's backward)
         per_token = shape.layers * 4 * shape.hidden + min(shape.layers, CHECKPOINTED_LAYERS) * _activation_bytes(shape, mixed, low)
     held = {"process": 0.0 if gpu else PROCESS_BYTES,
             "model and optimizer": n * weight_bytes + trainable * weight_bytes * (3 + (3 if section.undo_nonfinite_steps else 0))}
