@@ -213,3 +213,20 @@ def test_the_transfer_view_says_why_it_is_missing(tmp_path):
     missing = transfer_by_suite([run], ["#000000"])
     assert isinstance(missing, Omitted) and "single domain" in missing.reason
     assert not math.isnan(summarize([_sample("math", False, 1, True)], [])["accuracy"])
+
+
+@pytest.mark.parametrize("loader", ["bench", "suite"])
+def test_a_bench_recipe_with_a_key_given_twice_is_refused_with_its_lines(loader, tmp_path):
+    from taut.bench.matrix import load_bench
+    from taut.bench.suite import load_suite
+    from taut.config import ConfigError
+
+    head = "suite: x\ntitle: y\n" if loader == "suite" else ""
+    path = tmp_path / "bench-x.yaml"
+    path.write_text(head + "model: builtin:testbed-sft\nsteps: 5\nsteps: 50\nmethods:\n  - {name: control, strategy: {name: none}}\n")
+    line = head.count("\n") + 3
+    with pytest.raises(ConfigError, match=rf"bench-x.yaml:{line}: steps is given twice \(lines {line - 1} and {line}\)"):
+        (load_suite if loader == "suite" else load_bench)(path)
+    path.write_text(head + "steps: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        (load_suite if loader == "suite" else load_bench)(path)

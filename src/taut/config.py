@@ -478,6 +478,18 @@ def to_yaml(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content, with the recipes' rules: a key written twice in one mapping and a
+    document that is not YAML are ConfigErrors naming the file (and the line)."""
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text)
+        _key_lines(text, str(path))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return data
+
+
 def _key_lines(text: str, source: str = "<recipe>") -> dict[tuple, int]:
     """Map each key path of a YAML document to its 1-based line number. A key written twice in
     one mapping is an error (YAML loaders keep the last silently)."""

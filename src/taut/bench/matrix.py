@@ -22,11 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
 from taut.evaluate import finite
-from taut.config import ConfigError, EvalConfig, PhaseConfig, RLConfig, RunConfig, SelectionConfig, ValidationConfig
+from taut.config import ConfigError, EvalConfig, PhaseConfig, RLConfig, RunConfig, SelectionConfig, ValidationConfig, read_yaml
 from taut.length import StrategyConfig
 from taut.runlog import console
 from taut.schema import Strict
@@ -59,7 +58,7 @@ class BenchConfig(Strict):
 
 
 def load_bench(path: Path, quick: bool = False) -> BenchConfig:
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = read_yaml(path)
     if isinstance(raw, dict) and "suite" in raw:      # a suite recipe (taut.bench.suite): its sweeps expanded
         from taut.bench.suite import load_suite
 

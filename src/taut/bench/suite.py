@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from taut.bench.matrix import BenchConfig, timing_note
 from taut.builtin_recipes import RECIPES
-from taut.config import ConfigError
+from taut.config import ConfigError, read_yaml
 
 SUITE_DIR = RECIPES                 # the shipped recipes (the repository's recipes/ is the same folder)
 MARKERS = "osD^v<>p"        # families that coincide stay visible
@@ -77,7 +76,7 @@ def load_suite(path: Path, quick: bool = False) -> Suite:
     """The suite recipe at `path`, its `quick:` overrides applied when `quick`, sweeps expanded."""
     path = Path(path)
     where = f"{path}{' (quick)' if quick else ''}"
-    raw = yaml.safe_load(path.read_text())
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a suite recipe is a mapping with suite, title and methods")
     quick_overrides = raw.pop("quick", {}) or {}
