@@ -67,19 +67,20 @@ def test_the_matrix_adds_global_overthinking_and_underthinking_against_the_start
     from taut.bench.matrix import add_efficiency, efficiency_table, summarise
 
     def evaluation(name, samples, redundancy):
-        path = tmp_path / f"{name}.json"
+        path = tmp_path / "eval" / f"{name}.json"                       # as a run's RUN/eval/<checkpoint>.json
+        path.parent.mkdir(exist_ok=True)
         with open(path.with_suffix(".samples.jsonl"), "w") as f:
             for pid, length, correct in samples:
                 f.write(json.dumps({"problem_id": pid, "length": length, "correct": correct}) + "\n")
         rows = {"accuracy": sum(c for *_, c in samples) / len(samples), "tokens_mean": sum(n for _, n, _ in samples) / len(samples),
                 "redundancy": redundancy, "tokens_per_correct": 1.0, "overthinking_tokens": 2.0}
-        both = {"overall": rows, "in_domain": rows, "held_out": rows,
+        both = {"overall": rows, "in_domain": rows, "held_out": rows, "checkpoint": str(tmp_path / "checkpoints" / name),
                 "by_level": {"1": {"tokens_mean": 1.0}, "4": {"accuracy": 1.0}}}
         return path, both
 
     start_path, start = evaluation("start", [("a", 40, True), ("a", 60, True), ("b", 50, True), ("b", 70, False)], 0.5)
     path, short = evaluation("short", [("a", 10, True), ("a", 20, False), ("b", 30, False), ("b", 30, False)], 0.1)
-    results = {"short/seed0": {"method": "short", "evals": {"final": short}, "eval_files": {"final": str(path)}}}
+    results = {"short/seed0": {"method": "short", "run_dir": str(tmp_path), "evals": {"final": short}}}
     add_efficiency(start, start_path, results)
     # shortest correct anywhere: a 10, b 50; start spends a 50, b 60 → excess 40 and 10
     assert start["efficiency"] == {"overthinking_global": 25.0, "underthinking_pp": 0.0}

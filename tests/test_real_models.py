@@ -331,13 +331,25 @@ def test_the_shipped_testbed_checkpoint_loads_with_auto_tokenizer():
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
-def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir, tmp_path):
+def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir, tmp_path, monkeypatch):
     """rl.activation_checkpointing and sft.activation_checkpointing recompute each decoder layer in
     the backward: every metrics line (loss, gradient norm, rewards, lengths) and the final weights
     are those of the run without it (in RL, with share_prompts off, which checkpointing implies)."""
+    import taut.models
+    import taut.rl.trainer
+    import taut.sft
     from taut.rl.trainer import train_rl
     from taut.sft import train_sft
 
+    checkpointed = []                       # the decoder layers really recompute: the runs below differ in that
+
+    def enable(model):
+        taut.models.enable_activation_checkpointing(model)
+        layers = taut.models.unwrap(model).model.layers
+        checkpointed.append(all(layer.gradient_checkpointing for layer in layers))
+
+    monkeypatch.setattr(taut.rl.trainer, "enable_activation_checkpointing", enable)
+    monkeypatch.setattr(taut.sft, "enable_activation_checkpointing", enable)
     model = {"path": str(model_dir), "threads": 1, **({"lora": lora} if lora else {})}
     rl = {"model": model, "data": {"train": [_math_task()], "pool_per_level": 100},
           "rl": {"steps": 2, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "lr": 1e-2,
@@ -358,6 +370,7 @@ def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir
         assert [timeless(r) for r in _records(runs[True])] == [timeless(r) for r in _records(runs[False])], name
         weights = [load_file(str(runs[on] / "checkpoints" / "step-000002" / "model.safetensors")) for on in (False, True)]
         assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
+    assert checkpointed == [True, True]      # once in the RL run with it, once in the SFT run with it
 
 
 def test_a_fresh_lora_adapter_is_drawn_from_the_run_seed_alone(model_dir):

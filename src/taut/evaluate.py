@@ -143,6 +143,14 @@ def outcomes(samples: list[Sample] | list[dict[str, Any]]) -> dict[str, list[tup
     return dict(out)
 
 
+def read_outcomes(samples_path: Path) -> dict[str, list[tuple[int, bool]]] | None:
+    """`outcomes` of a samples file written beside an evaluation (`write_report`); None without it."""
+    if not Path(samples_path).is_file():
+        return None
+    with open(samples_path) as f:
+        return outcomes([json.loads(line) for line in f if line.strip()])
+
+
 def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
     if not samples:
         return {"n_samples": 0}

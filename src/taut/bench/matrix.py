@@ -190,7 +190,6 @@ def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path,
     curriculum = json.loads((run_dir / "curriculum.json").read_text())
     seconds, found_done = _recorded_seconds(run_dir, time.perf_counter() - tick, fresh)
     result = {"method": method.name, "seed": seed, "run_dir": str(run_dir), "evals": evals,
-              "eval_files": {label: str(run_dir / "eval" / f"{ckpt.name}.json") for label, ckpt in targets.items()},
               "phases": curriculum["phases"], "seconds": seconds}
     for label, e in evals.items():
         console.print(f"bench: {key} {label}: accuracy {e['overall']['accuracy']:.3f}, "
@@ -240,14 +239,9 @@ METRICS = {
 }
 
 
-def _sample_outcomes(eval_path: Path) -> dict[str, list[tuple[int, bool]]] | None:
-    from taut.evaluate import outcomes
-
-    path = Path(eval_path).with_suffix(".samples.jsonl")
-    if not path.is_file():
-        return None
-    with open(path) as f:
-        return outcomes([json.loads(line) for line in f if line.strip()])
+def method_samples_path(result: dict[str, Any], evaluation: dict) -> Path:
+    """Where `evaluate_target` wrote the samples of a method's evaluation."""
+    return Path(result["run_dir"]) / "eval" / f"{Path(evaluation['checkpoint']).name}.samples.jsonl"
 
 
 def add_efficiency(start: dict, start_path: Path, results: dict[str, Any]) -> None:
@@ -255,11 +249,12 @@ def add_efficiency(start: dict, start_path: Path, results: dict[str, Any]) -> No
     overthinking (tokens over the shortest correct answer to the same problem in any evaluation
     of the matrix, ThoughtTerminator's O_g) and underthinking (points of accuracy lost on the
     problems the start solved; taut.metrics). nan where a samples file is missing."""
+    from taut.evaluate import read_outcomes
     from taut.metrics import overthinking, shortest_correct, underthinking
 
-    start_out = _sample_outcomes(start_path)
-    runs = [(e, _sample_outcomes(r["eval_files"][label]) if "eval_files" in r else None)
-            for r in results.values() for label, e in r["evals"].items()]
+    start_out = read_outcomes(Path(start_path).with_suffix(".samples.jsonl"))
+    runs = [(e, read_outcomes(method_samples_path(r, e)) if "run_dir" in r and "checkpoint" in e else None)
+            for r in results.values() for e in r["evals"].values()]
     shortest = shortest_correct(*(o for o in [start_out, *(o for _, o in runs)] if o is not None))
     for e, now in [(start, start_out), *runs]:
         lost = underthinking(start_out, now)[0] if start_out is not None and now is not None else math.nan

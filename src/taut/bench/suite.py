@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from taut.bench.matrix import BenchConfig, timing_note
+from taut.bench.matrix import BenchConfig, method_samples_path, timing_note
 from taut.builtin_recipes import RECIPES
 from taut.config import ConfigError, read_yaml
 
@@ -230,11 +230,6 @@ def guess_stats(samples_path: Path, domains: set[str]) -> dict[str, float | None
             "guess_accuracy": statistics.fmean(s["correct"] for s in guesses) if guesses else None}
 
 
-def _samples_path(result: dict[str, Any], evaluation: dict) -> Path:
-    """Where `evaluate_target` wrote the samples of a method's evaluation."""
-    return Path(result["run_dir"]) / "eval" / f"{Path(evaluation['checkpoint']).name}.samples.jsonl"
-
-
 def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> dict[str, Any]:
     """One row per matrix method (mean over seeds) and the start's row, with per-level stats."""
     from taut.tasks.gym.domains import OPT_IN_DOMAINS
@@ -270,7 +265,7 @@ def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> 
     for r in summary["results"].values():
         for label, e in r["evals"].items():
             name = r["method"] if label == "final" else f"{r['method']} ({label})"
-            path = _samples_path(r, e) if "run_dir" in r and "checkpoint" in e else None
+            path = method_samples_path(r, e) if "run_dir" in r and "checkpoint" in e else None
             groups.setdefault(name, []).append((e, path))
     rows = []
     for name, pairs in groups.items():

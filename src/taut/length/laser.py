@@ -138,16 +138,12 @@ def laser_rewards(base: Tensor, correct: Tensor, lengths: Tensor, target: Tensor
     return base + alpha * bonus.float(), bonus
 
 
-def training_levels(correct: Tensor) -> list[str]:
-    """Each group's level for the reward, by its pass rate k/G: high ≥ 2/3 > medium ≥ 1/3 > low."""
+def difficulty_levels(correct: Tensor, *, monitor: bool = False) -> list[str]:
+    """Each group's level by its pass rate k/G. For the reward: high ≥ 2/3 > medium ≥ 1/3 > low;
+    for the monitor (`monitor`), the code's other side of each boundary: low ≤ 1/3 < medium ≤ 2/3 < high."""
     g = correct.shape[1]
-    return ["high" if 3 * k >= 2 * g else "medium" if 3 * k >= g else "low" for k in correct.sum(dim=1).tolist()]
-
-
-def monitor_levels(correct: Tensor) -> list[str]:
-    """Each group's level for the monitor, by its pass rate k/G: low ≤ 1/3 < medium ≤ 2/3 < high."""
-    g = correct.shape[1]
-    return ["low" if 3 * k <= g else "medium" if 3 * k <= 2 * g else "high" for k in correct.sum(dim=1).tolist()]
+    above = (lambda k, b: 3 * k > b) if monitor else (lambda k, b: 3 * k >= b)    # noqa: E731
+    return ["high" if above(k, 2 * g) else "medium" if above(k, g) else "low" for k in correct.sum(dim=1).tolist()]
 
 
 def thresholds(cap: int, min_target: int, interval: int) -> list[int]:
@@ -193,7 +189,7 @@ class LaserD(Strategy):
 
     def shape(self, batch: GroupBatch) -> Shaped:
         self._monitor(batch)
-        levels = training_levels(batch.correct)
+        levels = difficulty_levels(batch.correct)
         target = torch.tensor([[self.targets[level]] for level in levels])                     # [P, 1]
         rewards, bonus = laser_rewards(correctness(batch), batch.correct, batch.lengths, target, self.config.alpha)
         metrics = {
@@ -205,7 +201,7 @@ class LaserD(Strategy):
 
     def _monitor(self, batch: GroupBatch) -> None:
         """Pool this batch's rollouts by monitor level; refresh the targets when one is due."""
-        for level, lengths in zip(monitor_levels(batch.correct), batch.lengths.tolist()):
+        for level, lengths in zip(difficulty_levels(batch.correct, monitor=True), batch.lengths.tolist()):
             self.pooled[level] += [int(n) for n in lengths]
         if self.targets and batch.step < self.next_refresh:
             return

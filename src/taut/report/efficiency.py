@@ -18,18 +18,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from taut.evaluate import outcomes
+from taut.evaluate import read_outcomes
 from taut.metrics import Outcomes, overthinking, shortest_correct, underthinking
 from taut.report.runs import EVAL_DIR, Evaluation, RunResults
 
 
 def sample_outcomes(run_dir: Path, evaluation: Evaluation) -> Outcomes | None:
     """Problem id → (length, correct) of an evaluation's samples, if its samples file exists."""
-    path = Path(run_dir) / EVAL_DIR / f"{evaluation.checkpoint}.samples.jsonl"
-    if not path.is_file():
-        return None
-    with open(path) as f:
-        return outcomes([json.loads(line) for line in f if line.strip()])
+    return read_outcomes(Path(run_dir) / EVAL_DIR / f"{evaluation.checkpoint}.samples.jsonl")
 
 
 def efficiency(runs: list[RunResults]) -> list[dict[str, Any]]:
