@@ -362,15 +362,19 @@ def strategies(as_json: Annotated[bool, typer.Option("--json", help="machine-rea
 
 
 @data_app.command("preview", cls=_Command)
-def data_preview(domain: Annotated[str, typer.Argument(metavar="DOMAIN", help="a testbed domain (taut data stats lists them)")],
+def data_preview(domain: Annotated[str, typer.Argument(metavar="DOMAIN", help="a testbed domain (taut data stats lists them), "
+                                                                             "or written:FAMILY (columns, stories, times)")],
                  difficulty: Annotated[int, typer.Option("--difficulty", "-d", metavar="LEVEL")] = 1,
                  n: Annotated[int, typer.Option("-n", metavar="N", help="examples")] = 3,
                  seed: Annotated[int, typer.Option(metavar="SEED")] = 0):
-    """Print testbed examples with their oracle (minimal response, necessary length)."""
-    from taut.workflows import preview
+    """Print testbed or written-arithmetic examples with their oracle (minimal response, necessary length)."""
+    from taut.workflows import preview, preview_written
 
     try:
-        out_console.print(preview(domain.removeprefix("gym:"), difficulty, n, seed))
+        if domain.startswith("written"):
+            out_console.print(preview_written(domain, difficulty, n, seed))
+        else:
+            out_console.print(preview(domain.removeprefix("gym:"), difficulty, n, seed))
     except ValueError as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None

@@ -287,6 +287,9 @@ class EvalConfig(Strict):
     max_new_tokens: int | None = Field(None, gt=0, description="default: rl.max_new_tokens")
     budgets: list[int] = Field(default_factory=lambda: [8, 16, 24, 32, 48, 64, 96, 128])
     batch_size: int = Field(512, gt=0, description="rollouts generated together")
+    prefill: str | None = Field(
+        None, min_length=1, description="text every response starts with, counted and graded as response (e.g. 'Answer:' "
+                                        "forces a direct answer on written arithmetic: what thinking is worth)")
 
 
 class StopRules(Strict):

@@ -55,7 +55,8 @@ class Sample:
     verifier_error: bool
     budget_correct: list[bool]
     truncated_but_right: bool = False   # truncated, and its answer finished before the cut was right
-    # testbed oracle (None elsewhere)
+    # the oracle (testbed, written arithmetic; None elsewhere, and where the response does not follow its format)
+    oracle_unknown: bool | None = None
     redundant_tokens: int | None = None
     necessary_length: int | None = None
     coverage: float | None = None
@@ -122,9 +123,11 @@ def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], trunc
         verifier_error=verdict.error is not None, budget_correct=budget_correct, text=text,
     )
     if isinstance(task, OracleTask):
-        a = task.analyze(problem, text, complete=not truncated)
-        sample.redundant_tokens, sample.necessary_length = a.redundant_tokens, a.necessary_length
-        sample.coverage, sample.thinks, sample.post_answer_rounds = a.coverage, a.thinks, a.post_answer_rounds
+        a = task.analyze(problem, text, complete=not truncated, count=policy.count_tokens)
+        sample.oracle_unknown = a is None           # the response does not follow the format the oracle reads
+        if a is not None:
+            sample.redundant_tokens, sample.necessary_length = a.redundant_tokens, a.necessary_length
+            sample.coverage, sample.thinks, sample.post_answer_rounds = a.coverage, a.thinks, a.post_answer_rounds
     if isinstance(task, ScoredTask):
         sample.scores = task.scores(problem, text, complete=not truncated)
     if verdict.score is not None:                   # partial credit (reasoning-gym): reported as the "score" mean
@@ -184,11 +187,15 @@ def summarize(samples: list[Sample], budgets: list[int]) -> dict[str, Any]:
         covered = [s.coverage for s in oracle if s.coverage is not None]
         out.update({
             "redundancy": sum(s.redundant_tokens for s in oracle) / max(1, sum(s.length for s in oracle)),
+            "redundant_tokens_mean": mean([s.redundant_tokens for s in oracle]),
             "necessary_tokens_mean": mean([s.necessary_length for s in oracle]),
             "coverage": mean(covered) if covered else None,
             "thinks_rate": mean([s.thinks for s in oracle]),
             "rounds_rate": mean([s.post_answer_rounds for s in oracle]),
         })
+    judged = [s.oracle_unknown for s in samples if s.oracle_unknown is not None]
+    if judged:                  # a task with an oracle: the share of responses it could not read (no answer line)
+        out["oracle_unknown_rate"] = mean(judged)
     scored = [s.scores for s in samples if s.scores is not None]
     if scored:
         out["scores"] = {k: mean([s[k] for s in scored if k in s]) for k in sorted({k for s in scored for k in s})}

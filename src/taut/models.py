@@ -105,6 +105,10 @@ class Policy:
         rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True, tokenize=False)
         return rendered.rstrip().endswith(THINK)
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text as a response would hold them (no special tokens)."""
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -430,12 +430,15 @@ def _validation_rows(config: RunConfig) -> int:
     return (config.rl.rollout_rows if None in bounds else sum(bounds)) * v.samples
 
 
+MEMINFO = Path("/proc/meminfo")
+
+
 def available_memory() -> tuple[float, str] | None:
     """Bytes this process may still take, and where the number comes from: MemAvailable, or
     the cgroup's limit less its usage where that is smaller; None where neither is known."""
     found: list[tuple[float, str]] = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in MEMINFO.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
     except OSError:
@@ -580,8 +583,8 @@ def _prompt_overhead(policy: Policy) -> int:
 
 def longest_sft_example(config: RunConfig, policy: Policy) -> int:
     """Tokens of the longest SFT example, prompt and response, as `policy` encodes them: every
-    train row of a data file; for the testbed's traces (drawn afresh at every step) the longest
-    of `SFT_SAMPLE` drawn."""
+    train row of a data file; for traces drawn afresh at every step (the testbed's, written
+    arithmetic's) the longest of `SFT_SAMPLE` drawn."""
     import random
 
     from taut.sft import sft_examples
@@ -599,6 +602,8 @@ def longest_sft_example(config: RunConfig, policy: Policy) -> int:
         task = None if _is_gym(spec) else load_task(spec, config.data.levels)
         if isinstance(task, FileTask):
             pairs += task.sft_pairs()
+        elif hasattr(task, "sft_examples"):           # traces drawn afresh, as the testbed's
+            pairs += task.sft_examples(random.Random(f"preflight:{config.seed}"), SFT_SAMPLE)
     return longest_tokens([f"{p}{separator}{r}" for p, r in pairs],
                           lambda text: _pair_tokens(policy, text.split(separator, 1)), overhead)
 

@@ -38,7 +38,8 @@ def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float) ->
 def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[str, str]]:
     """n (prompt, response) pairs from the SFT tasks (`data.sft`).
 
-    Testbed specs (gym:…) together form one source, whose traces the trace mixture writes; every
+    Testbed specs (gym:…) together form one source, whose traces the trace mixture writes; a
+    written-arithmetic spec (written:…) is a source whose traces its redundancy mixture writes; every
     data file is another source, sampled uniformly (with replacement) from its train-split rows'
     responses (`columns.response`). With several sources, each pair picks its source uniformly.
     """
@@ -57,8 +58,12 @@ def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[st
         if isinstance(spec, str) and spec.startswith("gym"):
             continue
         task = load_task(spec, config.data.levels)
+        if hasattr(task, "sft_examples"):              # a task that writes its own traces (written arithmetic)
+            sources.append(lambda k, task=task: task.sft_examples(rng, k))
+            continue
         if not isinstance(task, FileTask):
-            raise ValueError(f"SFT data must be testbed tasks (gym:…) or data files with a response column, got {spec!r}")
+            raise ValueError(f"SFT data must be testbed tasks (gym:…), written arithmetic (written:…) or data files "
+                             f"with a response column, got {spec!r}")
         pairs = task.sft_pairs()
         sources.append(lambda k, pairs=pairs: [rng.choice(pairs) for _ in range(k)])
     if not sources:

@@ -43,6 +43,8 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool
     t0 = time.perf_counter()
     engine = build_engine(config.rl.engine, policy, max_rows=config.eval.batch_size)
     problems = [(task, p) for task in tasks for p in task.problems(config.eval.split, config.eval.n_per_level, config.seed)]
+    if config.eval.prefill and "response_prefix" not in generate_kwargs:
+        generate_kwargs["response_prefix"] = policy.tokenizer(config.eval.prefill, add_special_tokens=False).input_ids
     with StepProgress(len(problems), f"eval {checkpoint_label(meta.get('checkpoint'))}", quiet=quiet, unit="problem") as bar:
         samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, problems=problems,
                                      progress=lambda done: bar.update(done, task=problems[done - 1][0].name),
@@ -173,6 +175,34 @@ def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
                        f"{len(instance.necessary_steps())} necessary steps)",
             "full trace": f"{' '.join(instance.render(think=True))} <eos>",
             "SFT sample": f"{' '.join(TraceMixture().render(instance, rng))} <eos>",
+        }
+        for label, text in parts.items():
+            grid.add_row(label, Text(text))
+    return grid
+
+
+def preview_written(spec: str, difficulty: int, n: int, seed: int) -> Table:
+    """Written-arithmetic examples (taut.tasks.written): prompt, answer, the minimal response, and
+    an SFT trace with the oracle's count of its necessary and redundant words."""
+    from taut.tasks.written import WrittenTask, analyze, resolve_families, trace
+
+    task = WrittenTask(resolve_families(spec), name=spec, levels=(difficulty,))
+    rng = random.Random(seed)
+    problems = task.problems("train", n, seed)
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for i, problem in enumerate(rng.sample(problems, min(n, len(problems)))):
+        written = problem.data
+        sample = trace(written, rng, task.redundancy)
+        a = analyze(written, sample, complete=True)
+        if i:
+            grid.add_row("", "")
+        parts = {
+            "prompt": problem.prompt, "answer": problem.answer,
+            "minimal": f"{written.minimal_response()}\n({a.necessary_length} words with <eos>, "
+                       f"{len(written.necessary_steps())} necessary steps)",
+            "SFT sample": f"{sample}\n({a.length} words, {a.redundant_tokens} redundant)",
         }
         for label, text in parts.items():
             grid.add_row(label, Text(text))

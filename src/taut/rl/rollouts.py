@@ -76,9 +76,10 @@ def collect(policy: Policy, engine: RolloutEngine, draw: Callable[[int], list[tu
             scores.append(verdict.score)
             out.verifier_errors += verdict.error is not None
             if isinstance(task, OracleTask):
-                analysis = task.analyze(problem, text, complete)
-                out.sampled["redundancy"].append(analysis.redundant_tokens / max(1, analysis.length))
-                out.sampled["thinks"].append(analysis.thinks)
+                analysis = task.analyze(problem, text, complete, count=policy.count_tokens)
+                if analysis is not None:            # None: the response does not follow the oracle's format
+                    out.sampled["redundancy"].append(analysis.redundant_tokens / max(1, analysis.length))
+                    out.sampled["thinks"].append(analysis.thinks)
         batch = GroupBatch.from_flat(
             [p.id for p in problems for _ in range(G)], correct, rollouts.lengths, rollouts.truncated,
             step=step, cap=cap, budgets=None if budgets[0] is None else [b for b in budgets for _ in range(G)],

@@ -10,6 +10,8 @@ Task specs in recipes:
     code:humaneval            HumanEval, run in the sandbox (taut.tasks.code)      } unseen suites for
     ifeval                    verifiable instructions, IFEval's checkers (…ifeval) } transfer evaluation
     qa, qa:FAMILY+FAMILY      short-answer QA from reasoning-gym (taut.tasks.qa)   } (docs/transfer.md)
+    written, written:FAMILY   taut's written arithmetic with an oracle (columns, stories; times held
+                              out; written:all = the three) (see taut.tasks.written)
     reasoning-gym:NAME        a reasoning-gym task; {task: reasoning-gym:NAME, config: …, levels: …}
                               gives its settings (see taut.tasks.reasoning_gym)
 """
@@ -78,7 +80,14 @@ register_task("gym", _gym)
 register_task("file", _file)
 for _kind in ("code", "ifeval", "qa"):
     register_task(_kind, _suite)
+def _written(spec: str, levels: list[int] | None) -> Task:
+    from taut.tasks.written import load
+
+    return load(spec, levels)
+
+
 register_task("reasoning-gym", _reasoning_gym)
+register_task("written", _written)
 
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:

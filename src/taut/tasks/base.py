@@ -6,11 +6,25 @@ nothing else decides whether a response is correct.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Split = Literal["train", "validation", "test"]
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+SPLIT_FRACTIONS = {"train": 0.7, "validation": 0.1, "test": 0.2}
+
+
+def split_of(key: str) -> Split:
+    """Deterministic split of a problem, from a hash of its key: the splits never overlap."""
+    u = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
+    if u < SPLIT_FRACTIONS["train"]:
+        return "train"
+    return "validation" if u < SPLIT_FRACTIONS["train"] + SPLIT_FRACTIONS["validation"] else "test"
+
+
+BUDGET_INSTRUCTION = "Think for {budget} tokens."      # L1 / LCPO's wording (arXiv 2503.04697)
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,22 @@ class Verdict:
     extracted: str | None       # the answer the grader read, None if there was none
     error: str | None = None    # the verifier itself failed (raised, timed out): not a wrong answer
     score: float | None = None  # partial credit in [0, 1] where a task opts in (reasoning-gym: partial_credit)
+
+
+@dataclass(frozen=True)
+class TraceAnalysis:
+    """An oracle's view of one response (OracleTask.analyze)."""
+
+    answer: str | None
+    correct: bool
+    length: int                 # response tokens, <eos> included when the response ended
+    necessary_length: int
+    redundant_tokens: int
+    redundancy: float           # redundant_tokens / length; equals 1 − necessary/length on well-formed traces
+    unneeded_thinking: bool     # thinking beyond the necessary steps (any thinking on level 1)
+    post_answer_rounds: bool    # anything written between the graded answer and the end
+    thinks: bool                # wrote at least one step before </think>
+    coverage: float | None      # share of the necessary steps present; None where none are necessary
 
 
 @runtime_checkable
@@ -52,8 +82,10 @@ class Task(Protocol):
 
 @runtime_checkable
 class OracleTask(Task, Protocol):
-    """A task that knows each problem's minimal necessary response (the testbed)."""
+    """A task that knows each problem's minimal necessary response (the testbed, taut.tasks.written)."""
 
-    def analyze(self, problem: Problem, response: str, complete: bool) -> Any:
-        """Correctness, redundancy and necessary-step coverage of one response."""
+    def analyze(self, problem: Problem, response: str, complete: bool, count: Callable[[str], int] | None = None) -> Any:
+        """Correctness, redundancy and necessary-step coverage of one response (a TraceAnalysis),
+        or None when the response does not follow the format the oracle reads. `count` gives the
+        tokens of a text under the policy's tokenizer (the testbed's words are its tokens)."""
         ...

@@ -37,8 +37,7 @@ import re
 from importlib import resources
 
 from taut.sandbox import Limits, SandboxError, run_python
-from taut.tasks.base import SPLITS, Problem, Split, Verdict
-from taut.tasks.files import BUDGET_INSTRUCTION
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict
 from taut.tasks.math import answer_region
 
 LIMITS = Limits(cpu_seconds=3, wall_seconds=6.0)

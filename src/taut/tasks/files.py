@@ -47,11 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from taut.config import FileTaskConfig
-from taut.tasks.base import SPLITS, Problem, Split, Verdict
-from taut.tasks.gym.task import split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, split_of
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
-BUDGET_INSTRUCTION = "Think for {budget} tokens."      # L1 / LCPO's wording (arXiv 2503.04697)
 CHARS_PER_TOKEN_BOUND = 32      # without a tokenizer: a prompt may have this many characters per allowed token
 
 log = logging.getLogger(__name__)

@@ -35,9 +35,7 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from taut.tasks.base import SPLITS, Problem, Split, Verdict
-from taut.tasks.files import BUDGET_INSTRUCTION
-from taut.tasks.gym.task import split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, split_of
 from taut.tasks.math import answer_region
 
 GENERATOR_SEED = 0

@@ -31,9 +31,7 @@ import random
 import re
 from functools import lru_cache
 
-from taut.tasks.base import SPLITS, Problem, Split, Verdict
-from taut.tasks.files import BUDGET_INSTRUCTION
-from taut.tasks.gym.task import split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, split_of
 from taut.tasks.math import extract_answer
 
 FAMILIES = ("family_relationships", "syllogism", "color_cube_rotation")

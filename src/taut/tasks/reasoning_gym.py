@@ -61,9 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taut.config import ReasoningGymTaskConfig
-from taut.tasks.base import SPLITS, Problem, Split, Verdict
-from taut.tasks.files import BUDGET_INSTRUCTION
-from taut.tasks.gym.task import SPLIT_FRACTIONS, split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, SPLIT_FRACTIONS, Problem, Split, Verdict, split_of
 
 PREFIX = "reasoning-gym:"
 INSTRUCTIONS = {

@@ -28,23 +28,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from taut.tasks.base import SPLITS, Problem, Split, Verdict
+from taut.tasks.base import SPLIT_FRACTIONS, SPLITS, Problem, Split, TraceAnalysis, Verdict, split_of  # noqa: F401 (re-exported)
 from taut.tasks.gym.domains import DOMAINS, LEVELS, Domain, get_domain
 from taut.tasks.gym.vocab import ANSWER, END_THINK, THINK
 
 if TYPE_CHECKING:
     from taut.config import MixtureConfig
-
-SPLIT_FRACTIONS = {"train": 0.7, "validation": 0.1, "test": 0.2}
-
-
-def split_of(key: str) -> Split:
-    """Deterministic split of a problem, from a hash of its key: the splits never overlap."""
-    u = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
-    if u < SPLIT_FRACTIONS["train"]:
-        return "train"
-    return "validation" if u < SPLIT_FRACTIONS["train"] + SPLIT_FRACTIONS["validation"] else "test"
-
 
 @dataclass(frozen=True)
 class Instance:
@@ -104,20 +93,6 @@ class Instance:
     def necessary_length(self) -> int:
         """Tokens of the minimal response, `<eos>` included."""
         return len(self.minimal_response()) + 1
-
-
-@dataclass(frozen=True)
-class TraceAnalysis:
-    answer: str | None
-    correct: bool
-    length: int                 # response tokens, <eos> included when the response ended
-    necessary_length: int
-    redundant_tokens: int
-    redundancy: float           # redundant_tokens / length; equals 1 − necessary/length on well-formed traces
-    unneeded_thinking: bool     # thinking beyond the necessary steps (any thinking on level 1)
-    post_answer_rounds: bool    # anything written between the graded answer and the end
-    thinks: bool                # wrote at least one step before </think>
-    coverage: float | None      # share of the necessary steps present; None where none are necessary
 
 
 def read_answer(words: list[str], complete: bool) -> tuple[str | None, int]:
@@ -215,8 +190,8 @@ class GymTask:
         answer, _ = read_answer(response.split(), complete)
         return Verdict(correct=answer is not None and answer == problem.answer, extracted=answer)
 
-    def analyze(self, problem: Problem, response: str, complete: bool) -> TraceAnalysis:
-        return analyze(_instance(problem), response, complete)
+    def analyze(self, problem: Problem, response: str, complete: bool, count=None) -> TraceAnalysis:
+        return analyze(_instance(problem), response, complete)          # one word per token: `count` is not needed
 
     def necessary_length(self, problem: Problem) -> int:
         return _instance(problem).necessary_length()

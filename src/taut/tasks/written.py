@@ -1,0 +1,493 @@
+"""Written arithmetic: taut's own natural-language task families, with an oracle of the necessary steps.
+
+The testbed (taut.tasks.gym) has an oracle but speaks a grammar of its own; reasoning-gym speaks
+English but cannot say which part of a response was needed. These families do both, so that a
+real pretrained model can be made into an overthinker (SFT on `traces`) and its compression
+measured in necessary and redundant tokens (docs/written.md).
+
+Families (spec `written:NAME`, `written` = the two trained ones, `written:all` = all three):
+
+    columns   addition and subtraction written column by column, with carries and borrows.
+              Level 1: one column of work (a number below 1000 and one digit, no carry or
+              borrow): the direct answer suffices. Level k ≥ 2: k-digit numbers, one step per
+              column, each necessary.
+    stories   word problems with small numbers: a starting amount, then k changes (level k,
+              one step each: "23 + 5 = 28."). Level 1: one change, the direct answer suffices.
+    times     a number of k + 1 digits times one digit, column by column (level k, one step per
+              column). Held out: for evaluation only (transfer).
+
+Levels 1-4 by default; columns and times take levels up to 6.
+
+Response format (the prompt asks for it): steps, one per line, then the final answer on a line
+of its own, `Answer: N`. For example, columns level 3, `What is 482 + 356?`:
+
+    Ones: 2 + 6 + 0 = 8. Write 8, carry 0.
+    Tens: 8 + 5 + 0 = 13. Write 3, carry 1.
+    Hundreds: 4 + 3 + 1 = 8. Write 8.
+    Answer: 838
+
+Grading (`verify`): every `Answer:` line of the response is read (a cut-off response's last,
+unfinished line is not); the response is correct when there is at least one, each holds exactly
+one integer (`838`, `**838**`, `838.`, `1,838`; not `0838`), and they all equal the reference. Two
+candidates (`Answer: 837 or 838`, `\\boxed{837 \\lor 838}`, two `Answer:` lines that differ) are
+never correct; nothing earns partial credit.
+
+The oracle (`analyze`): the necessary part of a response is, before its first `Answer:` line,
+the first step line of each necessary step (columns and times: the first line labelled with each
+column the problem has; stories: the first k distinct step lines), and the first answer line.
+Everything else is redundant: a restatement, a re-check of a step, a repeated column, a
+hesitation, and everything after the first answer line. On level 1 of columns and stories no step
+is necessary, so any thinking is redundant. Tokens are counted with the `count` function given
+(the policy's tokenizer in `taut eval`; whitespace words without one). A response without an
+`Answer:` line does not follow the format: the oracle says nothing (None), and evaluation counts
+it as unknown.
+
+Splits: a problem's key is its arithmetic (`columns:482+356`, `stories:23+5-3`,
+`times:47*6`); the split is a hash of the key (70 / 10 / 20 %), and the wording (names, items,
+phrasing) is chosen from the key, so one calculation has one question and never serves two
+splits. `times` asks each product in both orders (`47 × 6`, `6 × 47`), keyed apart.
+
+SFT traces (`traces`): the minimal response plus redundancy drawn from a mixture (`Redundancy`):
+a restatement of the problem before the steps, re-checks after steps, and rounds after the
+answer (a second pass through every step, an inverse check, or a short confirmation), with
+a share of direct answers on level 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, TraceAnalysis, Verdict, split_of
+
+PREFIX = "written"
+INSTRUCTION = "Think step by step, then give the final answer on its own line as 'Answer: N'."
+COLUMNS = ("Ones", "Tens", "Hundreds", "Thousands", "Ten-thousands", "Hundred-thousands", "Millions")
+DEFAULT_LEVELS = (1, 2, 3, 4)
+MAX_DRAWS = 200_000           # candidate draws per (family, level, split) before giving up on more distinct problems
+
+_ANSWER_LINE = re.compile(r"^[ \t]*(?:\*\*)?answer(?:\*\*)?[ \t]*:(?:\*\*)?(.*)$", re.I | re.M)
+_INTEGER = re.compile(r"0|-?[1-9](?:\d{0,2}(?:,\d{3})+|\d*)")        # no leading zero, thousands commas optional
+_COLUMN_STEP = re.compile(r"^[ \t]*(" + "|".join(COLUMNS) + r")[ \t]*:", re.M)
+_STORY_STEP = re.compile(r"^[ \t]*\d+ [+-] \d+ = \d+\.?[ \t]*$")
+
+Counter_ = Callable[[str], int]
+
+
+def words(text: str) -> int:
+    """The default token count without a tokenizer: whitespace-separated words."""
+    return len(text.split())
+
+
+# ---- the families ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Written:
+    """One problem: its family, level and operands (Problem.data)."""
+
+    family: str
+    level: int
+    numbers: tuple[int, ...]        # columns: (a, b); stories: (start, change, change, …); times: (a, m)
+    ops: tuple[str, ...] = ()       # columns: ("+",) or ("-",); stories: one per change; times: ("*",) or ("*r",) (reversed order)
+
+    @property
+    def key(self) -> str:
+        if self.family == "stories":
+            return f"stories:{self.numbers[0]}" + "".join(f"{op}{n}" for op, n in zip(self.ops, self.numbers[1:]))
+        a, b = self.numbers
+        if self.family == "times":
+            return f"times:{b}*{a}" if self.ops == ("*r",) else f"times:{a}*{b}"
+        return f"columns:{a}{self.ops[0]}{b}"
+
+    @property
+    def answer(self) -> int:
+        if self.family == "stories":
+            value = self.numbers[0]
+            for op, n in zip(self.ops, self.numbers[1:]):
+                value = value + n if op == "+" else value - n
+            return value
+        a, b = self.numbers
+        if self.family == "times":
+            return a * b
+        return a + b if self.ops[0] == "+" else a - b
+
+    @property
+    def direct(self) -> bool:
+        """Whether the direct answer is the minimal response (no step is necessary)."""
+        return self.family != "times" and self.level == 1
+
+    def steps(self) -> list[str]:
+        """Every step line of the full working, necessary or not (level 1 of columns and stories
+        has one, which is not necessary)."""
+        if self.family == "stories":
+            out, value = [], self.numbers[0]
+            for op, n in zip(self.ops, self.numbers[1:]):
+                new = value + n if op == "+" else value - n
+                out.append(f"{value} {op} {n} = {new}.")
+                value = new
+            return out
+        a, b = self.numbers
+        if self.family == "times":
+            return _times_steps(a, b)
+        return _column_steps(a, b, self.ops[0])
+
+    def necessary_steps(self) -> list[str]:
+        return [] if self.direct else self.steps()
+
+    def minimal_response(self) -> str:
+        return "\n".join([*self.necessary_steps(), f"Answer: {self.answer}"])
+
+    def question(self) -> str:
+        """The question, its wording chosen from the key (module docstring: splits)."""
+        pick = random.Random(self.key)
+        if self.family == "stories":
+            return _story(self, pick)
+        a, b = self.numbers
+        if self.family == "times":
+            left, right = (b, a) if self.ops == ("*r",) else (a, b)
+            return pick.choice(("What is {x} × {y}?", "Compute {x} × {y}.", "Multiply {x} by {y}.")).format(x=left, y=right)
+        if self.ops[0] == "+":
+            form = pick.choice(("What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}."))
+        else:
+            form = pick.choice(("What is {a} - {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}."))
+        return form.format(a=a, b=b)
+
+    def restatement(self, rng: random.Random) -> str:
+        """A sentence that restates the problem (redundant)."""
+        if self.family == "stories":
+            return rng.choice((f"We start with {self.numbers[0]} and apply each change in order.",
+                               f"Let me restate: the amount starts at {self.numbers[0]} and changes {len(self.ops)} "
+                               f"time{'s' * (len(self.ops) > 1)}."))
+        a, b = self.numbers
+        verb = "add" if self.ops[0] == "+" else "subtract" if self.ops[0] == "-" else "multiply"
+        pair = {"add": f"{a} and {b}", "subtract": f"{b} from {a}", "multiply": f"{a} by {b}"}[verb]
+        return rng.choice((f"We need to {verb} {pair}.", f"Let me restate the problem: {verb} {pair}.",
+                           f"So the task is to {verb} {pair}, column by column."))
+
+    def inverse_check(self) -> str:
+        """A check by the inverse operation, after the answer (redundant)."""
+        a, b = self.numbers[0], self.numbers[-1]
+        if self.family == "columns":
+            if self.ops[0] == "+":
+                return f"Let me verify: {self.answer} - {b} = {a}. Correct."
+            return f"Let me verify: {self.answer} + {b} = {a}. Correct."
+        if self.family == "times":
+            return f"Let me verify: {self.answer} ÷ {b} = {a}. Correct."
+        return f"Let me verify by undoing the last change: {self.answer} {'-' if self.ops[-1] == '+' else '+'} {b} = " \
+               f"{self.answer - b if self.ops[-1] == '+' else self.answer + b}. Correct."
+
+
+def _column_steps(a: int, b: int, op: str) -> list[str]:
+    da, db = _digits(a), _digits(b)
+    width = max(len(da), len(db))
+    da += [0] * (width - len(da))
+    db += [0] * (width - len(db))
+    out, carry = [], 0
+    for i in range(width):
+        name, last = COLUMNS[i], i == width - 1
+        if op == "+":
+            total = da[i] + db[i] + carry
+            if last:
+                out.append(f"{name}: {da[i]} + {db[i]} + {carry} = {total}. Write {total}.")
+            else:
+                out.append(f"{name}: {da[i]} + {db[i]} + {carry} = {total}. Write {total % 10}, carry {total // 10}.")
+            carry = total // 10
+        else:
+            top = da[i] - carry
+            borrow = int(top < db[i])
+            written = top + 10 * borrow - db[i]
+            shown = f"1{da[i]}" if borrow else f"{da[i]}"
+            if last:
+                out.append(f"{name}: {shown} - {carry} - {db[i]} = {written}. Write {written}.")
+            else:
+                out.append(f"{name}: {shown} - {carry} - {db[i]} = {written}. Write {written}, borrow {borrow}.")
+            carry = borrow
+    return out
+
+
+def _times_steps(a: int, m: int) -> list[str]:
+    da = _digits(a)
+    out, carry = [], 0
+    for i, d in enumerate(da):
+        total = d * m + carry
+        name = COLUMNS[i]
+        if i == len(da) - 1:
+            out.append(f"{name}: {d} × {m} + {carry} = {total}. Write {total}.")
+        else:
+            out.append(f"{name}: {d} × {m} + {carry} = {total}. Write {total % 10}, carry {total // 10}.")
+        carry = total // 10
+    return out
+
+
+def _digits(n: int) -> list[int]:
+    """Digits of n, ones first."""
+    return [int(c) for c in reversed(str(n))]
+
+
+NAMES = {"She": ("Mia", "Ava", "Zoe", "Lena", "Iris", "Nora", "Ruth", "Maya", "Sara", "Lily"),
+         "He": ("Leo", "Noah", "Omar", "Sam", "Ben", "Kai", "Eli", "Tom", "Ivan", "Jon")}
+ITEMS = ("apples", "marbles", "stickers", "coins", "pencils", "cards", "books", "shells", "stamps", "beads",
+         "cookies", "balloons")
+GAINS = ("{p} buys {n} more.", "{p} finds {n} more.", "A friend gives {o} {n} more.", "{p} gets {n} more.",
+         "{p} wins {n} more.")
+LOSSES = ("{p} gives away {n}.", "{p} loses {n}.", "{p} uses {n}.", "{p} sells {n}.", "{p} gives {n} to a friend.")
+
+
+def _story(problem: Written, pick: random.Random) -> str:
+    he = pick.choice(tuple(NAMES))
+    name, item, him = pick.choice(NAMES[he]), pick.choice(ITEMS), {"She": "her", "He": "him"}[he]
+    sentences = [f"{name} has {problem.numbers[0]} {item}."]
+    for op, n in zip(problem.ops, problem.numbers[1:]):
+        sentences.append(pick.choice(GAINS if op == "+" else LOSSES).format(p=he, o=him, n=n))
+    sentences.append(f"How many {item} does {name} have now?")
+    return " ".join(sentences)
+
+
+def draw(family: str, level: int, rng: random.Random) -> Written:
+    """One random problem of a family and level (not yet assigned to a split)."""
+    if family == "columns":
+        op = rng.choice("+-")
+        if level == 1:                                   # one column of work: a < 1000 and a digit, no carry or borrow
+            a = rng.randrange(1000)
+            ones = a % 10
+            b = rng.randrange(10 - ones) if op == "+" else rng.randrange(ones + 1)
+            return Written(family, level, (a, b), (op,))
+        a = rng.randrange(10 ** (level - 1), 10 ** level)
+        b = rng.randrange(10 ** (level - 1), 10 ** level)
+        if op == "-" and a < b:
+            a, b = b, a
+        return Written(family, level, (a, b), (op,))
+    if family == "stories":
+        value = rng.randrange(10, 100)
+        numbers, ops = [value], []
+        for _ in range(level):
+            change = rng.randrange(1, 10)
+            op = rng.choice("+-") if value - change >= 0 else "+"
+            value = value + change if op == "+" else value - change
+            numbers.append(change)
+            ops.append(op)
+        return Written(family, level, tuple(numbers), tuple(ops))
+    if family == "times":
+        a = rng.randrange(10 ** level, 10 ** (level + 1))
+        return Written(family, level, (a, rng.randrange(2, 10)), (rng.choice(("*", "*r")),))
+    raise ValueError(f"unknown written family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+FAMILIES = {"columns": 6, "stories": 6, "times": 6}          # family -> highest level
+TRAINED = ("columns", "stories")
+HELD_OUT = ("times",)
+
+
+def resolve_families(spec: str) -> list[str]:
+    """`written` / `written:train` (columns, stories), `written:all`, `written:held-out`, `written:columns+times`."""
+    _, _, rest = spec.partition(":")
+    groups = {"": TRAINED, "train": TRAINED, "all": (*TRAINED, *HELD_OUT), "held-out": HELD_OUT}
+    if rest in groups:
+        return list(groups[rest])
+    names = rest.split("+")
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown written family {unknown[0]!r} in task {spec!r}; families: {', '.join(FAMILIES)}; "
+                         f"groups: written, written:all, written:held-out")
+    return list(dict.fromkeys(names))
+
+
+# ---- grading ----------------------------------------------------------------------------------
+def finished(response: str, complete: bool) -> str:
+    """The part of a response whose lines were finished: a cut-off response loses its last line."""
+    if complete or response.endswith("\n"):
+        return response
+    return response.rpartition("\n")[0]
+
+
+def answer_values(response: str, complete: bool) -> list[str]:
+    """What each finished `Answer:` line says, stripped of bold, backticks and a closing period."""
+    out = []
+    for match in _ANSWER_LINE.finditer(finished(response, complete)):
+        value = match.group(1).strip().strip("*`").strip().removesuffix(".").strip().strip("*`").strip()
+        out.append(value)
+    return out
+
+
+def read_integer(value: str) -> int | None:
+    """The one integer a value states, or None when it states anything else (two candidates,
+    a relation, words, nothing)."""
+    if not _INTEGER.fullmatch(value):
+        return None
+    return int(value.replace(",", ""))
+
+
+def grade(problem: Written, response: str, complete: bool) -> Verdict:
+    values = answer_values(response, complete)
+    if not values:
+        return Verdict(correct=False, extracted=None)
+    read = [read_integer(v) for v in values]
+    correct = all(r is not None and r == problem.answer for r in read)
+    return Verdict(correct=correct, extracted=values[-1] if len(set(values)) == 1 else " | ".join(values))
+
+
+# ---- the oracle ---------------------------------------------------------------------------------
+def analyze(problem: Written, response: str, complete: bool, count: Counter_ = words) -> TraceAnalysis | None:
+    """The oracle's view of a response (module docstring); None when it has no `Answer:` line."""
+    text = finished(response, complete)
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if _ANSWER_LINE.match(line)), None)
+    if first is None:
+        return None
+    necessary_steps = problem.necessary_steps()
+    kept: list[str] = []
+    if necessary_steps:
+        if problem.family == "stories":
+            for line in lines[:first]:
+                if _STORY_STEP.match(line) and line.strip() not in kept and len(kept) < len(necessary_steps):
+                    kept.append(line.strip())
+        else:
+            wanted = COLUMNS[:len(necessary_steps)]
+            seen: set[str] = set()
+            for line in lines[:first]:
+                label = _COLUMN_STEP.match(line)
+                if label and label.group(1) in wanted and label.group(1) not in seen:
+                    seen.add(label.group(1))
+                    kept.append(line.strip())
+    necessary_written = count("\n".join([*kept, lines[first].strip()])) + int(complete)
+    length = count(response) + int(complete)
+    redundant = max(0, length - necessary_written)
+    thinking = [line for line in lines[:first] if line.strip()]
+    after = "\n".join(lines[first + 1:]).strip()
+    verdict = grade(problem, response, complete)
+    coverage = None
+    if necessary_steps:
+        coverage = sum(step in kept for step in necessary_steps) / len(necessary_steps)
+    return TraceAnalysis(
+        answer=verdict.extracted, correct=verdict.correct, length=length,
+        necessary_length=count(problem.minimal_response()) + 1, redundant_tokens=redundant,
+        redundancy=redundant / length if length else 0.0,
+        unneeded_thinking=len(thinking) > len(kept), post_answer_rounds=bool(after), thinks=bool(thinking),
+        coverage=coverage,
+    )
+
+
+# ---- SFT traces -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Redundancy:
+    """How SFT traces overthink (module docstring). Probabilities per trace, or per step for
+    `p_recheck`; `rounds`: probabilities of 0, 1, 2, … rounds after the answer."""
+
+    p_direct_easy: float = 0.3       # direct answers where the direct answer suffices (level 1)
+    p_restate: float = 0.6
+    p_recheck: float = 0.25
+    rounds: tuple[float, ...] = (0.15, 0.5, 0.35)
+    round_kinds: tuple[float, float, float] = (0.4, 0.35, 0.25)   # a second pass, an inverse check, a short confirmation
+
+
+HESITATIONS = ("Wait, let me double-check.", "Hmm, let me make sure that is right.", "Wait, let me check that again.",
+               "Let me go through it once more to be sure.")
+CONFIRMATIONS = ("Yes, {a} is correct.", "So the answer is {a}.", "That confirms it: {a}.", "Yes, the answer is {a}.")
+
+
+def trace(problem: Written, rng: random.Random, mix: Redundancy = Redundancy()) -> str:
+    """One SFT response for a problem: its working with redundancy drawn from `mix`."""
+    answer = f"Answer: {problem.answer}"
+    if problem.direct and rng.random() < mix.p_direct_easy:
+        return answer
+    lines = []
+    if rng.random() < mix.p_restate:
+        lines.append(problem.restatement(rng))
+    for step in problem.steps():
+        lines.append(step)
+        if rng.random() < mix.p_recheck:
+            lines.append(rng.choice(("Let me check that step: ", "Checking again: ", "Wait, let me redo that: ")) + step)
+    lines.append(answer)
+    for _ in range(rng.choices(range(len(mix.rounds)), weights=mix.rounds)[0]):
+        kind = rng.choices(range(3), weights=mix.round_kinds)[0]
+        lines.append(rng.choice(HESITATIONS))
+        if kind == 0:
+            lines += problem.steps()
+        elif kind == 1:
+            lines.append(problem.inverse_check())
+        lines.append(rng.choice(CONFIRMATIONS).format(a=problem.answer))
+    return "\n".join(lines)
+
+
+# ---- the task -------------------------------------------------------------------------------------
+class WrittenTask:
+    """Problems of one or more written families at the chosen levels (module docstring)."""
+
+    def __init__(self, families: list[str] | tuple[str, ...], *, name: str = PREFIX,
+                 levels: tuple[int, ...] | list[int] | None = None, held_out: bool | None = None,
+                 redundancy: Redundancy = Redundancy()):
+        unknown = [f for f in families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown written family {unknown[0]!r}; families: {', '.join(FAMILIES)}")
+        self.families = tuple(families)
+        self.name = name
+        self.levels = tuple(levels) if levels else DEFAULT_LEVELS
+        bad = [level for level in self.levels if not 1 <= level <= min(FAMILIES[f] for f in self.families)]
+        if bad:
+            raise ValueError(f"task {name!r} has levels 1-{min(FAMILIES[f] for f in self.families)}, got {bad}")
+        self.held_out = held_out
+        self.redundancy = redundancy
+
+    def _is_held_out(self, family: str) -> bool:
+        return family in HELD_OUT if self.held_out is None else self.held_out
+
+    def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
+        """Up to `n_per_level` distinct problems per family and level. The draw order depends on
+        `seed`; which split a problem belongs to does not."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        out = []
+        for family in self.families:
+            for level in self.levels:
+                rng = random.Random(f"written:{seed}:{family}:{level}:{split}")
+                found: dict[str, Written] = {}
+                for _ in range(MAX_DRAWS):
+                    if len(found) == n_per_level:
+                        break
+                    problem = draw(family, level, rng)
+                    if problem.key not in found and split_of(problem.key) == split:
+                        found[problem.key] = problem
+                out += [self._problem(p) for p in found.values()]
+        return out
+
+    def _problem(self, p: Written) -> Problem:
+        digest = hashlib.blake2b(p.key.encode(), digest_size=6).hexdigest()
+        return Problem(id=f"{p.family}:{p.level}:{digest}", prompt=f"{p.question()}\n\n{INSTRUCTION}", answer=str(p.answer),
+                       domain=p.family, difficulty=p.level, held_out=self._is_held_out(p.family), data=p)
+
+    def verify(self, problem: Problem, response: str, complete: bool) -> Verdict:
+        return grade(_written(problem), response, complete)
+
+    def analyze(self, problem: Problem, response: str, complete: bool, count: Counter_ | None = None) -> TraceAnalysis | None:
+        return analyze(_written(problem), response, complete, count or words)
+
+    def with_budget(self, problem: Problem, budget: int) -> Problem:
+        return dataclasses.replace(problem, prompt=f"{problem.prompt}\n\n{BUDGET_INSTRUCTION.format(budget=budget)}")
+
+    def sft_examples(self, rng: random.Random, n: int, pool_per_level: int = 2000) -> list[tuple[str, str]]:
+        """n (prompt, response) pairs: a family and level drawn uniformly, then one of its
+        train-split problems, with a trace drawn from the task's redundancy mixture."""
+        if not hasattr(self, "_pool"):
+            pool: dict[tuple[str, int | None], list[Problem]] = {}
+            for p in self.problems("train", pool_per_level):
+                pool.setdefault((p.domain, p.difficulty), []).append(p)
+            self._pool = list(pool.values())
+        out = []
+        for _ in range(n):
+            problem = rng.choice(rng.choice(self._pool))
+            out.append((problem.prompt, trace(_written(problem), rng, self.redundancy)))
+        return out
+
+
+def _written(problem: Problem) -> Written:
+    if not isinstance(problem.data, Written):
+        raise TypeError(f"problem {problem.id!r} is not a written-arithmetic problem")
+    return problem.data
+
+
+def load(spec: str, levels: list[int] | None) -> WrittenTask:
+    """The task a `written…` spec names (module docstring)."""
+    return WrittenTask(resolve_families(spec), name=spec, levels=levels)

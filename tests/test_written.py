@@ -1,0 +1,303 @@
+"""Written arithmetic (taut.tasks.written): generators, splits, the verifier (adversarially), the oracle,
+the SFT traces, and the tasks end to end (train, eval with the oracle and a prefill, SFT, preview)."""
+
+import json
+import random
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taut.config import RunConfig
+from taut.tasks import load_task
+from taut.tasks.base import OracleTask
+from taut.tasks.written import (COLUMNS, FAMILIES, Redundancy, Written, WrittenTask, analyze, draw, grade,
+                                resolve_families, trace, words)
+
+LEVELS = (1, 2, 3, 4)
+
+
+def replay(problem: Written) -> int:
+    """The answer the step lines compute, read back from their text (columns, times: the written
+    digits, highest column first; stories: the last step's result)."""
+    steps = problem.steps()
+    if problem.family == "stories":
+        return int(re.search(r"= (\d+)\.$", steps[-1]).group(1))
+    written = [re.search(r"Write (\d+)", s).group(1) for s in steps]
+    return int("".join(reversed(written)))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_steps_compute_the_answer_and_levels_have_their_size(family, level):
+    rng = random.Random(f"{family}{level}")
+    for _ in range(300):
+        p = draw(family, level, rng)
+        assert replay(p) == p.answer >= 0
+        if family == "stories":
+            assert len(p.steps()) == level and all(1 <= n <= 9 for n in p.numbers[1:])
+        elif family == "times":
+            assert len(str(p.numbers[0])) == level + 1 and 2 <= p.numbers[1] <= 9 and len(p.steps()) == level + 1
+        elif level == 1:             # one column of work: no carry, no borrow
+            a, b = p.numbers
+            assert b < 10 and a < 1000 and (a % 10 + b < 10 if p.ops == ("+",) else a % 10 >= b)
+        else:
+            assert max(len(str(n)) for n in p.numbers) == level and len(p.steps()) == level
+        assert p.direct == (family != "times" and level == 1)
+        assert p.necessary_steps() == ([] if p.direct else p.steps())
+
+
+def test_every_level_has_at_least_a_thousand_distinct_problems_and_the_splits_share_none():
+    task = WrittenTask(list(FAMILIES), levels=LEVELS)
+    by_split = {split: task.problems(split, 1200) for split in ("train", "validation", "test")}
+    keys = {split: {p.data.key for p in ps} for split, ps in by_split.items()}
+    prompts = {split: {p.prompt for p in ps} for split, ps in by_split.items()}
+    assert not keys["train"] & keys["validation"] and not keys["train"] & keys["test"] and not keys["validation"] & keys["test"]
+    assert not prompts["train"] & prompts["test"] and not prompts["train"] & prompts["validation"]
+    for family in FAMILIES:
+        for level in LEVELS:
+            distinct = {p.data.key for ps in by_split.values() for p in ps if (p.domain, p.difficulty) == (family, level)}
+            assert len(distinct) >= 1000, (family, level)
+            test = [p for p in by_split["test"] if (p.domain, p.difficulty) == (family, level)]
+            assert len(test) >= 300 or (family == "columns" and level == 1 and len(test) >= 200), (family, level, len(test))
+    ids = [p.id for ps in by_split.values() for p in ps]
+    assert len(ids) == len(set(ids))
+
+
+def test_split_membership_does_not_depend_on_the_seed_and_problems_are_stable():
+    task = WrittenTask(["columns", "stories"], levels=(2,))
+    a, b = task.problems("test", 50, seed=0), task.problems("test", 50, seed=1)
+    assert a == task.problems("test", 50, seed=0)
+    assert {p.data.key for p in a} != {p.data.key for p in b}
+    train = {p.data.key for p in task.problems("train", 800, seed=3)}
+    assert not train & {p.data.key for p in a + b}
+
+
+def test_one_calculation_has_one_wording():
+    rng = random.Random(0)
+    for _ in range(200):
+        p = draw("stories", 3, rng)
+        assert p.question() == Written(p.family, p.level, p.numbers, p.ops).question()
+        name = re.match(r"(\w+) has", p.question()).group(1)
+        pronouns = set(re.findall(r"\b(She|He)\b", p.question()))
+        assert len(pronouns) <= 1, p.question()                  # one person, one pronoun
+        assert p.question().endswith(f"does {name} have now?")
+
+
+def test_specs_resolve_to_families_and_held_out_is_times():
+    assert resolve_families("written") == ["columns", "stories"]
+    assert resolve_families("written:all") == ["columns", "stories", "times"]
+    assert resolve_families("written:columns+times") == ["columns", "times"]
+    with pytest.raises(ValueError, match="unknown written family 'colums'"):
+        resolve_families("written:colums")
+    task = load_task("written:all", [2])
+    assert isinstance(task, OracleTask)
+    held = {p.domain: p.held_out for p in task.problems("test", 2)}
+    assert held == {"columns": False, "stories": False, "times": True}
+    with pytest.raises(ValueError, match="levels 1-6"):
+        load_task("written", [7])
+
+
+# ---- the verifier, adversarially ------------------------------------------------------------------
+PROBLEMS = st.builds(lambda family, level, seed: draw(family, level, random.Random(seed)),
+                     st.sampled_from(list(FAMILIES)), st.sampled_from(LEVELS), st.integers(0, 10**9))
+JOINERS = [" or ", " and ", ", ", " / ", " \\lor ", " \\vee ", " \\wedge ", " \\land ", " \\cup ", " \\mid ", " \\\\ ",
+           " \\approx ", " ~ ", " = ", " < ", " != ", " to ", "-", " (or ", " maybe "]
+
+
+@settings(max_examples=300, deadline=None)
+@given(PROBLEMS, st.integers(-5, 5).filter(bool), st.sampled_from(JOINERS), st.booleans(), st.sampled_from(["", "\\boxed{", "**"]))
+def test_an_answer_with_two_candidates_or_a_relation_is_never_correct(problem, offset, joiner, right_first, wrap):
+    right, wrong = str(problem.answer), str(problem.answer + offset)
+    pair = f"{right}{joiner}{wrong}" if right_first else f"{wrong}{joiner}{right}"
+    close = {"\\boxed{": "}", "**": "**"}.get(wrap, "")
+    for response in (f"Answer: {wrap}{pair}{close}", f"work\nAnswer: {pair}\n", f"Answer: {right}\nAnswer: {wrong}",
+                     f"Answer: {wrong}\nsome checking\nAnswer: {right}"):
+        assert not grade(problem, response, complete=True).correct, response
+
+
+@settings(max_examples=200, deadline=None)
+@given(PROBLEMS, st.sampled_from(["{a}", "**{a}**", "{a}.", " {a} ", "`{a}`"]), st.booleans())
+def test_the_right_integer_alone_is_correct_in_any_harmless_dress(problem, dress, newline):
+    response = "Ones: ...\nAnswer: " + dress.format(a=problem.answer) + ("\n" if newline else "")
+    assert grade(problem, response, complete=True).correct
+    assert grade(problem, f"Answer: {problem.answer}\nWait, let me double-check.\nYes.", complete=True).correct
+
+
+@settings(max_examples=200, deadline=None)
+@given(PROBLEMS, st.integers(1, 999))
+def test_a_number_that_merely_contains_the_answer_earns_nothing(problem, extra):
+    right = str(problem.answer)
+    for written in (f"{extra}{right}", f"{right}{extra}", f"{right}0", f"-{right}" if problem.answer else "1"):
+        assert not grade(problem, f"Answer: {written}", complete=True).correct
+        assert grade(problem, f"Answer: {written}", complete=True).score is None        # no partial credit, ever
+
+
+@settings(max_examples=200, deadline=None)
+@given(PROBLEMS, st.integers(1, 3))
+def test_a_cut_off_answer_line_is_not_an_answer(problem, keep):
+    right = str(problem.answer)
+    cut = f"Ones: 1 + 1 = 2.\nAnswer: {right[:max(1, len(right) - keep)]}"
+    assert grade(problem, cut, complete=False).extracted is None
+    assert not grade(problem, cut, complete=False).correct
+    assert grade(problem, cut + right[max(1, len(right) - keep):] + "\n", complete=False).correct == (len(right) > 0)
+
+
+def test_no_answer_line_is_wrong_even_with_the_number_in_the_text():
+    p = Written("columns", 2, (48, 35), ("+",))
+    assert not grade(p, "48 + 35 = 83", complete=True).correct
+    assert not grade(p, "The answer is 83.", complete=True).correct
+    assert grade(p, "**Answer:** 83", complete=True).correct and grade(p, "answer: 83", complete=True).correct
+
+
+# ---- the oracle ----------------------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(PROBLEMS)
+def test_the_minimal_response_is_all_necessary_and_covers_every_step(problem):
+    a = analyze(problem, problem.minimal_response(), complete=True)
+    assert a.correct and a.redundant_tokens == 0 and a.length == a.necessary_length
+    assert a.coverage == (None if problem.direct else 1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(PROBLEMS, st.integers(0, 10**6))
+def test_redundancy_added_to_the_minimal_response_is_counted_exactly(problem, seed):
+    rng = random.Random(seed)
+    extra_before = problem.restatement(rng)
+    extra_step = "Let me check that step: " + (problem.steps()[0])
+    extra_after = "Wait, let me double-check.\n" + "\n".join(problem.steps()) + f"\nYes, {problem.answer} is correct."
+    necessary = problem.necessary_steps()
+    lines = [extra_before, *necessary[:1], extra_step, *necessary[1:], f"Answer: {problem.answer}", extra_after]
+    response = "\n".join(lines)
+    a = analyze(problem, response, complete=True)
+    added = words(extra_before) + words(extra_step) + words(extra_after)
+    assert a.redundant_tokens == added and a.length == a.necessary_length + added
+    assert a.post_answer_rounds and a.thinks and a.unneeded_thinking
+
+
+def test_on_the_direct_level_all_thinking_is_redundant_and_a_skipped_step_is_missed_coverage():
+    easy = Written("columns", 1, (42, 5), ("+",))
+    a = analyze(easy, "Ones: 2 + 5 + 0 = 7. Write 7, carry 0.\nTens: 4 + 0 + 0 = 4. Write 4.\nAnswer: 47", complete=True)
+    assert a.necessary_length == words("Answer: 47") + 1 and a.redundant_tokens == a.length - a.necessary_length
+    hard = Written("columns", 3, (482, 356), ("+",))
+    direct = analyze(hard, "Answer: 838", complete=True)
+    assert direct.coverage == 0.0 and direct.redundant_tokens == 0 and not direct.thinks
+    wrong_step = hard.minimal_response().replace("Tens: 8 + 5 + 0 = 13", "Tens: 8 + 5 + 0 = 14")
+    assert analyze(hard, wrong_step, complete=True).coverage == pytest.approx(2 / 3)
+    repeated = hard.minimal_response().replace("Answer", hard.steps()[1] + "\nAnswer")      # a column done twice
+    assert analyze(hard, repeated, complete=True).redundant_tokens == words(hard.steps()[1])
+
+
+def test_a_response_without_an_answer_line_is_unknown_to_the_oracle():
+    p = Written("stories", 2, (20, 3, 4), ("+", "-"))
+    assert analyze(p, "20 + 3 = 23.\n23 - 4 = 19.\nSo 19.", complete=True) is None
+    assert analyze(p, "20 + 3 = 23.\nAnswer: 1", complete=False) is None            # its answer line was cut
+    assert analyze(p, "20 + 3 = 23.\nAnswer: 19", complete=True) is not None
+
+
+def test_the_oracle_counts_with_the_tokenizer_it_is_given():
+    p = Written("columns", 2, (48, 35), ("+",))
+    response = "We need to add 48 and 35.\n" + p.minimal_response()
+    chars = analyze(p, response, complete=True, count=len)
+    assert chars.redundant_tokens == len(response) - len(p.minimal_response())
+    assert chars.necessary_length == len(p.minimal_response()) + 1
+
+
+# ---- traces ---------------------------------------------------------------------------------------
+def test_traces_are_correct_overthink_by_the_mixture_and_answer_easy_problems_directly_at_its_rate():
+    task = WrittenTask(list(FAMILIES), levels=LEVELS)
+    rng = random.Random(0)
+    direct, easy, redundant, total = 0, 0, 0, 0
+    assert all(response.count("Answer:") == 1 for _, response in task.sft_examples(rng, 500, pool_per_level=50))
+    for p in task.problems("train", 150):
+        written = p.data
+        for _ in range(4):
+            response = trace(written, rng)
+            a = analyze(written, response, complete=True)
+            assert a.correct and a.coverage in (None, 1.0)
+            redundant += a.redundant_tokens
+            total += a.length
+            if written.direct:
+                easy += 1
+                direct += response == f"Answer: {written.answer}"
+    assert 0.2 < direct / easy < 0.4                      # Redundancy.p_direct_easy = 0.3
+    assert redundant / total > 0.4
+    none = Redundancy(p_direct_easy=0, p_restate=0, p_recheck=0, rounds=(1.0,))
+    p = Written("times", 2, (347, 6), ("*",))
+    assert trace(p, rng, none) == p.minimal_response()
+
+
+def test_sft_examples_cover_every_family_and_level_uniformly():
+    task = WrittenTask(["columns", "stories"], levels=(1, 4))
+    pairs = task.sft_examples(random.Random(1), 4000, pool_per_level=300)
+    counts = {}
+    for prompt, _ in pairs:
+        kind = "stories" if "have now?" in prompt else "columns"
+        counts[kind] = counts.get(kind, 0) + 1
+    assert 1800 < counts["columns"] < 2200
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+def test_written_tasks_train_evaluate_with_the_oracle_and_a_prefill(tmp_path):
+    from test_real_models import tiny_chat_model
+
+    from taut.rl.trainer import train_rl
+    from taut.workflows import evaluate_policy, load_for_eval
+
+    model = tiny_chat_model(tmp_path / "model")
+    config = RunConfig.model_validate({
+        "model": {"path": str(model), "threads": 1},
+        "data": {"train": ["written"], "eval": ["written:all"], "levels": [1, 2], "pool_per_level": 8},
+        "rl": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 16, "dynamic_sampling": False,
+               "checkpoint_every": 100},
+        "eval": {"n_per_level": 2, "samples": 1, "max_new_tokens": 16, "budgets": [8]},
+    })
+    run = tmp_path / "run"
+    train_rl(config, run, quiet=True)
+    record = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"accuracy"' in line][0]
+    assert record["step"] == 1
+    policy, _ = load_for_eval(config, run)
+    result, samples = evaluate_policy(config, policy, {})
+    assert set(result["by_cell"]) == {f"{f}/{level}" for f in FAMILIES for level in (1, 2)}
+    assert result["held_out"]["n_samples"] == 4
+    assert all("oracle_unknown_rate" in c for c in result["by_cell"].values())
+    forced = config.model_copy(update={"eval": config.eval.model_copy(update={"prefill": "Answer: 7"})})
+    result, samples = evaluate_policy(forced, policy, {})
+    assert result["eval"]["prefill"] == "Answer: 7"                    # the report says the answer was forced
+    assert all(s.text.startswith("Answer: 7") for s in samples)
+    assert result["overall"]["oracle_unknown_rate"] < 1.0          # every response now has an answer line (unless cut)
+
+
+def test_sft_on_written_traces_runs_from_a_recipe(tmp_path):
+    from test_real_models import tiny_chat_model
+
+    from taut.sft import sft_examples, train_sft
+
+    model = tiny_chat_model(tmp_path / "model")
+    config = RunConfig.model_validate({
+        "model": {"path": str(model), "threads": 1},
+        "data": {"sft": ["written:all"], "eval": ["written"], "levels": [1, 2]},
+        "sft": {"steps": 2, "batch_size": 2, "checkpoint_every": 2, "log_every": 1},
+        "eval": {"n_per_level": 1, "samples": 1, "max_new_tokens": 8, "budgets": [8]},
+    })
+    pairs = sft_examples(config, random.Random(0), 50)
+    assert any("have now?" in p for p, _ in pairs) and any("×" in p for p, _ in pairs)
+    train_sft(config, tmp_path / "sft", quiet=True)
+    assert (tmp_path / "sft" / "checkpoints").is_dir()
+
+
+def test_data_preview_shows_written_problems_with_their_oracle():
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    out = CliRunner().invoke(app, ["data", "preview", "written:columns", "-d", "3", "-n", "2"])
+    assert out.exit_code == 0, out.output
+    assert "Hundreds:" in out.output and "necessary" in out.output and "Answer:" in out.output
+    bad = CliRunner().invoke(app, ["data", "preview", "written:colums"])
+    assert bad.exit_code == 2 and "unknown written family" in bad.output
+
+
+def test_columns_names_cover_the_widest_level():
+    assert len(COLUMNS) >= max(FAMILIES.values()) + 1
