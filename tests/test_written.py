@@ -272,19 +272,27 @@ def test_written_tasks_train_evaluate_with_the_oracle_and_a_prefill(tmp_path):
 def test_sft_on_written_traces_runs_from_a_recipe(tmp_path):
     from test_real_models import tiny_chat_model
 
-    from taut.sft import sft_examples, train_sft
+    from taut.sft import sft_examples, train_sft, validation_examples
 
     model = tiny_chat_model(tmp_path / "model")
     config = RunConfig.model_validate({
         "model": {"path": str(model), "threads": 1},
         "data": {"sft": ["written:all"], "eval": ["written"], "levels": [1, 2]},
-        "sft": {"steps": 2, "batch_size": 2, "checkpoint_every": 2, "log_every": 1},
+        "sft": {"steps": 2, "batch_size": 2, "checkpoint_every": 2, "log_every": 1, "val_every": 1, "val_examples": 4},
         "eval": {"n_per_level": 1, "samples": 1, "max_new_tokens": 8, "budgets": [8]},
     })
     pairs = sft_examples(config, random.Random(0), 50)
     assert any("have now?" in p for p, _ in pairs) and any("×" in p for p, _ in pairs)
+    held_back = validation_examples(config)
+    assert len(held_back) == 4 and held_back == validation_examples(config)           # fixed
+    train_prompts = {p for p, _ in sft_examples(config, random.Random(1), 3000)}
+    assert not train_prompts & {p for p, _ in held_back}                             # problems no training example uses
     train_sft(config, tmp_path / "sft", quiet=True)
     assert (tmp_path / "sft" / "checkpoints").is_dir()
+    lines = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    curve = [(r["step"], r["val_loss"]) for r in lines if "val_loss" in r]
+    assert [s for s, _ in curve] == [0, 1, 2] and all(v > 0 for _, v in curve)
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2]
 
 
 def test_data_preview_shows_written_problems_with_their_oracle():

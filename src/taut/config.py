@@ -193,6 +193,9 @@ class SFTConfig(Strict):
                            "(docs/real-models.md, 'SFT from files', has the measured peaks)")
     log_every: int = Field(50, gt=0)
     checkpoint_every: int = Field(500, gt=0)
+    val_every: int | None = Field(None, gt=0, description="log the loss on held-back validation-split examples every this "
+                                                          "many steps (and at 0 and the end): where to stop SFT before RL")
+    val_examples: int = Field(256, gt=0, description="validation examples (drawn once from the validation split)")
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf")
     undo_nonfinite_steps: bool = Field(
         True, description="keep a copy of the weights and their optimizer state before each step, to undo a step whose "

@@ -7,6 +7,7 @@ sorted by length and split, which cuts padding roughly in half.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -24,6 +25,7 @@ from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
 from taut.runlog import MetricsLog, StepProgress, console
+from taut.tasks.base import Split
 from taut.trackers import open_trackers
 
 
@@ -35,8 +37,9 @@ def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float) ->
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[str, str]]:
-    """n (prompt, response) pairs from the SFT tasks (`data.sft`).
+def sft_examples(config: RunConfig, rng: random.Random, n: int, split: Split = "train") -> list[tuple[str, str]]:
+    """n (prompt, response) pairs from the SFT tasks (`data.sft`), from `split` (validation: the
+    held-back traces of the validation loss).
 
     Testbed specs (gym:…) together form one source, whose traces the trace mixture writes; a
     written-arithmetic spec (written:…) is a source whose traces its redundancy mixture writes; every
@@ -53,20 +56,24 @@ def sft_examples(config: RunConfig, rng: random.Random, n: int) -> list[tuple[st
         domains = [d for spec in gym_specs for d in resolve_domains(spec)]
         task = GymTask(domains, **({"levels": tuple(config.data.levels)} if config.data.levels else {}))
         mixture = TraceMixture.from_config(config.data.mixture)
-        sources.append(lambda k: gym_examples(task, mixture, rng, k))
+        sources.append(lambda k: gym_examples(task, mixture, rng, k, split))
     for spec in config.data.sft:
         if isinstance(spec, str) and spec.startswith("gym"):
             continue
         task = load_task(spec, config.data.levels)
         if hasattr(task, "sft_examples"):              # a task that writes its own traces (written arithmetic)
-            sources.append(lambda k, task=task: task.sft_examples(rng, k))
+            sources.append(lambda k, task=task: task.sft_examples(rng, k, split=split))
             continue
         if not isinstance(task, FileTask):
             raise ValueError(f"SFT data must be testbed tasks (gym:…), written arithmetic (written:…) or data files "
                              f"with a response column, got {spec!r}")
-        pairs = task.sft_pairs()
+        pairs = task.sft_pairs(split)
+        if not pairs:                     # a file without validation rows adds nothing to the validation loss
+            continue
         sources.append(lambda k, pairs=pairs: [rng.choice(pairs) for _ in range(k)])
     if not sources:
+        if split != "train":
+            return []
         raise ValueError("data.sft lists no tasks")
     if len(sources) == 1:
         return sources[0](n)
@@ -169,6 +176,31 @@ def _draw_bucket(config: RunConfig, bucket: int) -> list[list[tuple[str, str]]]:
     return batches
 
 
+def validation_examples(config: RunConfig) -> list[tuple[str, str]]:
+    """The fixed examples of the validation loss: `sft.val_examples` pairs from the validation
+    split of the SFT tasks (problems no training example uses), the same at every evaluation."""
+    return sft_examples(config, random.Random(f"sft-validation:{config.seed}"), config.sft.val_examples, split="validation")
+
+
+@torch.no_grad()
+def validation_loss(policy: Policy, pairs: list[tuple[str, str]], batch_size: int) -> float:
+    """Mean loss per response token over `pairs` (the training loss's definition, no dropout)."""
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    try:
+        ordered = sorted(pairs, key=lambda pr: len(pr[0]) + len(pr[1]))       # less padding
+        for start in range(0, len(ordered), batch_size):
+            ids, labels = encode_batch(policy, ordered[start:start + batch_size])
+            target = labels[:, 1:].to(model.device)
+            total += response_loss(policy, ids.to(model.device), target).item()
+            tokens += int((target != -100).sum())
+    finally:
+        model.train(was_training)
+    return total / max(1, tokens)
+
+
 def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool = False,
               stop: StopRequest | None = None) -> Path:
     """Supervised training on the SFT tasks into `run_dir`; returns the last checkpoint. `stop`
@@ -210,8 +242,11 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps, section="sft")
     heartbeat.beat(start)
 
+    held_back = validation_examples(config) if sft.val_every else []
     tokens_seen, t0 = 0, time.perf_counter()
     with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:
+        if held_back and start == 0:
+            log.write({"step": 0, "val_loss": validation_loss(policy, held_back, sft.batch_size)})
         for step in range(start, sft.steps):
             lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
             for group in optimizer.param_groups:
@@ -237,6 +272,8 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
                            "tokens_per_s": tokens_seen / elapsed, "elapsed_s": elapsed})
                 progress.update(done, loss=window_loss / max(1, window_tokens))
                 window_loss, window_tokens = 0.0, 0
+            if held_back and (done % sft.val_every == 0 or done == sft.steps):
+                log.write({"step": done, "val_loss": validation_loss(policy, held_back, sft.batch_size)})
             if done % sft.checkpoint_every == 0 or done == sft.steps or stop:
                 checkpoint = save_checkpoint(run_dir, done, policy, {"kind": "sft", "window": [window_loss, window_tokens]},
                                              optimizer)
@@ -246,4 +283,13 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     final = latest_checkpoint(run_dir)
     if not quiet:
         console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")
+        if held_back:
+            curve = [r for r in log_records(run_dir) if "val_loss" in r]
+            best = min(curve, key=lambda r: r["val_loss"])
+            console.print(f"sft: validation loss {curve[0]['val_loss']:.4f} at step 0, lowest {best['val_loss']:.4f} at step "
+                          f"{best['step']}, {curve[-1]['val_loss']:.4f} at the end (metrics.jsonl has the curve)")
     return final
+
+
+def log_records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -383,12 +383,12 @@ class FileTask:
         return Problem(id=f"{self.name}:{local}", prompt=row.prompt, answer=row.answer, domain=domain,
                        difficulty=row.difficulty, held_out=self.config.held_out, data=row)
 
-    def sft_pairs(self) -> list[tuple[str, str]]:
-        """(prompt, response) of every train-split row: the SFT data this file provides."""
+    def sft_pairs(self, split: Split = "train") -> list[tuple[str, str]]:
+        """(prompt, response) of every row of a split (train: the SFT data this file provides)."""
         if self.config.columns.response is None:
             raise ValueError(f"SFT on {self.name!r} needs worked responses: set columns.response to the column that holds them")
-        pairs = [(r.prompt, r.response) for r in self.rows if r.split == "train"]
-        if not pairs:
+        pairs = [(r.prompt, r.response) for r in self.rows if r.split == split]
+        if not pairs and split == "train":
             raise ValueError(f"{self.name!r} has no train-split rows to fine-tune on (split: {self.config.split})")
         return pairs
 

@@ -34,7 +34,8 @@ never correct; nothing earns partial credit.
 
 The oracle (`analyze`): the necessary part of a response is, before its first `Answer:` line,
 the first step line of each necessary step (columns and times: the first line labelled with each
-column the problem has; stories: the first k distinct step lines), and the first answer line.
+column the problem has; stories: the first k step lines that continue the chain, each starting
+from the previous one's result), and the first answer line.
 Everything else is redundant: a restatement, a re-check of a step, a repeated column, a
 hesitation, and everything after the first answer line. On level 1 of columns and stories no step
 is necessary, so any thinking is redundant. Tokens are counted with the `count` function given
@@ -73,7 +74,7 @@ MAX_DRAWS = 200_000           # candidate draws per (family, level, split) befor
 _ANSWER_LINE = re.compile(r"^[ \t]*(?:\*\*)?answer(?:\*\*)?[ \t]*:(?:\*\*)?(.*)$", re.I | re.M)
 _INTEGER = re.compile(r"0|-?[1-9](?:\d{0,2}(?:,\d{3})+|\d*)")        # no leading zero, thousands commas optional
 _COLUMN_STEP = re.compile(r"^[ \t]*(" + "|".join(COLUMNS) + r")[ \t]*:", re.M)
-_STORY_STEP = re.compile(r"^[ \t]*\d+ [+-] \d+ = \d+\.?[ \t]*$")
+_STORY_STEP = re.compile(r"^[ \t]*(\d+) [+-] \d+ = (\d+)\.?[ \t]*$")
 
 Counter_ = Callable[[str], int]
 
@@ -341,9 +342,12 @@ def analyze(problem: Written, response: str, complete: bool, count: Counter_ = w
     kept: list[str] = []
     if necessary_steps:
         if problem.family == "stories":
+            value = problem.numbers[0]              # a step continues the chain: it starts from the last step's result
             for line in lines[:first]:
-                if _STORY_STEP.match(line) and line.strip() not in kept and len(kept) < len(necessary_steps):
+                step = _STORY_STEP.match(line)
+                if step and int(step.group(1)) == value and len(kept) < len(necessary_steps):
                     kept.append(line.strip())
+                    value = int(step.group(2))
         else:
             wanted = COLUMNS[:len(necessary_steps)]
             seen: set[str] = set()
@@ -430,6 +434,7 @@ class WrittenTask:
             raise ValueError(f"task {name!r} has levels 1-{min(FAMILIES[f] for f in self.families)}, got {bad}")
         self.held_out = held_out
         self.redundancy = redundancy
+        self._pools: dict[str, list[list[Problem]]] = {}          # SFT: problems per (family, level), per split
 
     def _is_held_out(self, family: str) -> bool:
         return family in HELD_OUT if self.held_out is None else self.held_out
@@ -467,17 +472,18 @@ class WrittenTask:
     def with_budget(self, problem: Problem, budget: int) -> Problem:
         return dataclasses.replace(problem, prompt=f"{problem.prompt}\n\n{BUDGET_INSTRUCTION.format(budget=budget)}")
 
-    def sft_examples(self, rng: random.Random, n: int, pool_per_level: int = 2000) -> list[tuple[str, str]]:
-        """n (prompt, response) pairs: a family and level drawn uniformly, then one of its
-        train-split problems, with a trace drawn from the task's redundancy mixture."""
-        if not hasattr(self, "_pool"):
+    def sft_examples(self, rng: random.Random, n: int, pool_per_level: int = 2000,
+                     split: Split = "train") -> list[tuple[str, str]]:
+        """n (prompt, response) pairs: a family and level drawn uniformly, then one of its problems
+        of `split`, with a trace drawn from the task's redundancy mixture."""
+        if split not in self._pools:
             pool: dict[tuple[str, int | None], list[Problem]] = {}
-            for p in self.problems("train", pool_per_level):
+            for p in self.problems(split, pool_per_level):
                 pool.setdefault((p.domain, p.difficulty), []).append(p)
-            self._pool = list(pool.values())
+            self._pools[split] = list(pool.values())
         out = []
         for _ in range(n):
-            problem = rng.choice(rng.choice(self._pool))
+            problem = rng.choice(rng.choice(self._pools[split]))
             out.append((problem.prompt, trace(_written(problem), rng, self.redundancy)))
         return out
 

@@ -270,10 +270,11 @@ class TraceMixture:
         return instance.render(think=think, rounds=n_rounds)
 
 
-def sft_examples(task: GymTask, mixture: TraceMixture, rng: random.Random, n: int) -> list[tuple[str, str]]:
-    """n (prompt, response) pairs from the train split, responses written by the mixture."""
+def sft_examples(task: GymTask, mixture: TraceMixture, rng: random.Random, n: int,
+                 split: Split = "train") -> list[tuple[str, str]]:
+    """n (prompt, response) pairs from a split, responses written by the mixture."""
     out = []
     for _ in range(n):
-        instance = task.sample_instance(rng, "train")
+        instance = task.sample_instance(rng, split)
         out.append((instance.prompt(), " ".join(mixture.render(instance, rng))))
     return out
