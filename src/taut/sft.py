@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from taut.checkpoint import latest_checkpoint, latest_intact_checkpoint, load_optimizer, read_state, remove_partial, save_checkpoint
+from taut.checkpoint import (CHECKPOINTS, SELECTION, checkpoint_step, latest_checkpoint, latest_intact_checkpoint, load_optimizer,
+                             read_state, remove_partial, save_checkpoint, write_json_atomic)
 from taut.config import RunConfig, to_yaml
 from taut.heartbeat import Heartbeat
 from taut.models import Policy, enable_activation_checkpointing, load_policy, resume_policy
@@ -281,6 +282,7 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
                     raise Preempted(stop.signal_name, done, checkpoint, resume_command("sft", run_dir))
             heartbeat.beat(done)
     final = latest_checkpoint(run_dir)
+    chosen = select_lowest_validation_loss(run_dir) if held_back else None
     if not quiet:
         console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")
         if held_back:
@@ -288,7 +290,25 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
             best = min(curve, key=lambda r: r["val_loss"])
             console.print(f"sft: validation loss {curve[0]['val_loss']:.4f} at step 0, lowest {best['val_loss']:.4f} at step "
                           f"{best['step']}, {curve[-1]['val_loss']:.4f} at the end (metrics.jsonl has the curve)")
+            console.print(f"sft: the run stands for {chosen.name if chosen else final.name} "
+                          f"({'the checkpoint with the lowest validation loss' if chosen else 'no checkpoint was saved at a validation step'})")
     return final
+
+
+def select_lowest_validation_loss(run_dir: Path) -> Path | None:
+    """Make the run stand for its checkpoint with the lowest validation loss (selection.json, which
+    `taut eval RUN`, `model.path: RUN` and RL starts read): the SFT → RL guideline of moving to RL at
+    the validation minimum. Only steps that have both a checkpoint and a validation loss compete;
+    None (and no selection) when there are none."""
+    saved = {checkpoint_step(c): c for c in (run_dir / CHECKPOINTS).iterdir() if c.is_dir() and c.name.startswith("step-")}
+    curve = [r for r in log_records(run_dir) if "val_loss" in r and r["step"] in saved]
+    if not curve:
+        return None
+    best = min(curve, key=lambda r: (r["val_loss"], r["step"]))
+    chosen = saved[best["step"]]
+    write_json_atomic(run_dir / SELECTION, {"checkpoint": chosen.name, "rule": "lowest SFT validation loss",
+                                            "val_loss": best["val_loss"], "step": best["step"]})
+    return chosen
 
 
 def log_records(run_dir: Path) -> list[dict]:
