@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from taut.checkpoint import chosen_checkpoint
+from taut.checkpoint import chosen_checkpoint, run_finished
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("control", "siri", "mastery", "dapo")
@@ -82,7 +82,7 @@ def train(method: str, run: Path, overrides: list[str], log: bool = False) -> di
     """Train (or resume) one method; its recorded times, kept in RUN/study-seconds.json. With `log`,
     the command's output goes to OUT/METHOD.train.log, beside the run (for runs trained side by side)."""
     record = run / "study-seconds.json"
-    if (run / "selection.json").exists() or (run / "curriculum.json").exists():
+    if run_finished(run):
         if record.exists():
             return json.loads(record.read_text())
         return {"wall": None, "cpu": None, "note": "trained before this study's timing was kept"}

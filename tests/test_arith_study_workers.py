@@ -60,3 +60,35 @@ def test_methods_side_by_side_give_freed_memory_back(arith_study):
     study grow to 14.1 and 12.7 GB on this 23.5 GiB machine, and the kernel killed them."""
     assert arith_study.training_overrides(2, 1, False, False) == ["model.threads=1", "model.keep_freed_memory=false"]
     assert arith_study.training_overrides(1, 2, False, False) == []
+
+
+def test_a_run_killed_between_phases_is_resumed_not_taken_as_done(tmp_path, arith_study, monkeypatch):
+    """A curriculum run killed after its first phase has a curriculum.json (written after every
+    phase): the study took it as trained and would have evaluated its step-20 checkpoint."""
+    import json
+
+    run = tmp_path / "mastery"
+    (run / "checkpoints" / "step-000020").mkdir(parents=True)
+    (run / "curriculum.json").write_text(json.dumps({"finished": False, "plan": [], "phases": [], "candidates": []}))
+    commands = []
+    monkeypatch.setattr(arith_study, "taut", lambda *args, log=None: commands.append(args) or (1.0, 1.0))
+    times = arith_study.train("mastery", run, ["model.threads=1"])
+    assert commands and commands[0][:3] == ("train", "--resume", str(run)) and times["note"].startswith("resumed")
+    (run / "curriculum.json").write_text(json.dumps({"finished": True, "plan": [], "phases": [], "candidates": []}))
+    (run / "study-seconds.json").unlink()
+    commands.clear()
+    assert arith_study.train("mastery", run, [])["note"] == "trained before this study's timing was kept" and not commands
+
+
+def test_run_finished_reads_the_record_and_old_records_by_their_selection(tmp_path):
+    import json
+
+    from taut.checkpoint import run_finished
+
+    assert not run_finished(tmp_path)
+    (tmp_path / "curriculum.json").write_text(json.dumps({"phases": []}))          # before the field existed
+    assert not run_finished(tmp_path)
+    (tmp_path / "selection.json").write_text(json.dumps({"checkpoint": "step-000032"}))
+    assert run_finished(tmp_path)
+    (tmp_path / "curriculum.json").write_text(json.dumps({"finished": False}))
+    assert not run_finished(tmp_path)

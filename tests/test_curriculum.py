@@ -1,6 +1,7 @@
 """The curriculum: a forced collapse stops the phase and rolls back; state survives --resume."""
 
 import json
+from pathlib import Path
 import os
 import signal
 import subprocess
@@ -42,7 +43,23 @@ def test_forced_collapse_stops_early_and_rolls_back_to_the_pre_collapse_checkpoi
             {"name": "after", "steps": 1},
         ],
     })
-    train_rl(config, tmp_path, quiet=True)
+    import taut.rl.trainer
+    from taut.checkpoint import run_finished
+
+    written = []                   # curriculum.json after each phase says the run has not finished; the last says it has
+    real = taut.rl.trainer.write_json_atomic
+
+    def spy(path, data):
+        if Path(path).name == "curriculum.json":
+            written.append(data["finished"])
+        real(path, data)
+
+    taut.rl.trainer.write_json_atomic = spy
+    try:
+        train_rl(config, tmp_path, quiet=True)
+    finally:
+        taut.rl.trainer.write_json_atomic = real
+    assert written[-1] is True and not any(written[:-1]) and len(written) >= 3 and run_finished(tmp_path)
     record = json.loads((tmp_path / "curriculum.json").read_text())
     steady, collapse, after = record["phases"]
     assert steady["ended_by"] == "steps" and steady["end_step"] == 2

@@ -199,6 +199,20 @@ def chosen_checkpoint(run_dir: Path) -> Path:
     return latest
 
 
+def run_finished(run_dir: Path) -> bool:
+    """Whether an RL run has finished: its curriculum.json says so (it is written after every
+    phase, so a run killed between phases has one too). A record written before that field existed
+    counts as finished when the run chose its checkpoint (selection.json, written at the end)."""
+    record = Path(run_dir) / "curriculum.json"
+    if not record.exists():
+        return False
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(data.get("finished", (Path(run_dir) / SELECTION).exists()))
+
+
 def remove_partial(run_dir: Path) -> None:
     """Remove what writers that are gone left behind: `.tmp-step-N-<pid>` directories whose
     process no longer runs. A `.tmp-old-step-N-<pid>` (the previous copy of a checkpoint being

@@ -96,7 +96,7 @@ def _run_config(bench: BenchConfig, model: str, steps: int, seed: int, method: M
 
 
 def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command: str) -> dict[str, Any]:
-    from taut.checkpoint import chosen_checkpoint
+    from taut.checkpoint import chosen_checkpoint, run_finished
     from taut.rl.trainer import train_rl
     from taut.workflows import evaluate_target
 
@@ -110,7 +110,7 @@ def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command
     start_cfg = _run_config(bench, bench.model, bench.start_steps, bench.seed, None)
     tick = time.perf_counter()
     resumed: list[str] = []
-    fresh = not (start_dir / "selection.json").exists() and not (start_dir / "curriculum.json").exists()
+    fresh = not run_finished(start_dir)
     if fresh:
         shutil.rmtree(start_dir, ignore_errors=True)
         train_rl(start_cfg, start_dir, quiet=True)
@@ -165,7 +165,7 @@ def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path,
                 out: Path) -> tuple[str, dict[str, Any], bool]:
     """Train one method with one seed from the start (unless its run is done) and evaluate it:
     (key, result, whether the run was found done)."""
-    from taut.checkpoint import chosen_checkpoint
+    from taut.checkpoint import chosen_checkpoint, run_finished
     from taut.rl.trainer import train_rl
     from taut.workflows import evaluate_target
 
@@ -173,7 +173,7 @@ def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path,
     run_dir = out / method.name / f"seed{seed}"
     tick = time.perf_counter()
     config = _run_config(bench, str(start_ckpt), bench.steps, seed, method)
-    fresh = not (run_dir / "curriculum.json").exists()
+    fresh = not run_finished(run_dir)
     if fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
         train_rl(config, run_dir, quiet=True)

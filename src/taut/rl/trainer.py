@@ -294,7 +294,7 @@ def _train_rl(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop:
         chosen = select(candidates, config.selection, candidates[0].accuracy)
         write_json_atomic(run_dir / SELECTION, {"checkpoint": chosen.checkpoint, "rule": config.selection.model_dump(),
                                                 "candidate": chosen.to_dict()})
-    write_curriculum(run_dir, config, run)
+    write_curriculum(run_dir, config, run, finished=True)
     final = chosen_checkpoint(run_dir)
     if not quiet:
         console.print(f"rl: {run.step} steps; the run's checkpoint: [bold]{final}[/bold]")
@@ -388,10 +388,13 @@ def step_record(run: Run, phase: PhaseConfig, batch: RolloutBatch, losses: dict,
     }
 
 
-def write_curriculum(run_dir: Path, config: RunConfig, run: Run) -> None:
-    """curriculum.json: the plan, phase boundaries, detectors that fired and why, the choice."""
+def write_curriculum(run_dir: Path, config: RunConfig, run: Run, finished: bool = False) -> None:
+    """curriculum.json: the plan, phase boundaries, detectors that fired and why, the choice, and
+    whether the run has finished (written after each phase, so its presence alone says nothing:
+    taut.checkpoint.run_finished)."""
     selection = run_dir / SELECTION
     write_json_atomic(run_dir / "curriculum.json", {
+        "finished": finished,
         "plan": [{"name": p.name, "steps": p.steps, "strategy": p.strategy.name} for p in config.plan()],
         "phases": run.phases,
         "candidates": run.candidates,
