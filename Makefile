@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith
+.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,3 +75,6 @@ bench-speed-real: $(STAMP)
 # runs/arith/study.md. Done steps are skipped, so a second call only redraws.
 study-arith: $(STAMP)
 	$(BIN)/python scripts/arith_study.py --out runs/arith --workers 2
+
+written-start: $(STAMP)
+	$(BIN)/python scripts/written_start.py --out runs/written --doc

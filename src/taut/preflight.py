@@ -191,6 +191,11 @@ def task_bound(spec: TaskSpec, n_per_level: int, levels: list[int] | None) -> in
     kind = spec.partition(":")[0]
     if kind == "reasoning-gym":
         return n_per_level
+    if kind == "written":
+        from taut.tasks.written import DEFAULT_LEVELS, HELD_OUT, resolve_families
+
+        families = [f for f in resolve_families(spec) if f not in HELD_OUT]
+        return n_per_level * len(families) * len(levels or DEFAULT_LEVELS)
     if kind != "gym":
         return None
     from taut.tasks.gym.domains import LEVELS, get_domain
@@ -276,6 +281,9 @@ SAMPLING_BYTES = 12           # per generated row and vocabulary entry at a deco
 ROW_TOKEN_BYTES = 100         # per prompt and response token of a rollout held in Python lists and batch tensors
 MARGIN = 0.25                 # the heap's growth past a step's live tensors over a long run (freed memory kept
                               # for reuse, fragments): everything counted but the process × (1 + MARGIN)
+KEPT_MARGIN = 0.6             # the same where the process keeps the memory torch frees (model.keep_freed_memory on a
+                              # CPU, the default): the SmolLM2 study's control grew to 14.4 GB by step 27 (11.4 GB with
+                              # freed memory given back, 32 steps), fragments of every step's tensors kept
 TESTBED_PROMPT_TOKENS = 24    # the testbed's longest prompt in its word-level tokens (22 measured, L1 budgets included)
 TESTBED_SFT_TOKENS = 160      # its longest SFT example under the default trace mixture (135 in 20,000 traces)
 PROMPT_TOKENS_ASSUMED = 64    # before the pool is built: other prompts are assumed this long
@@ -401,7 +409,8 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
             held["reference model"] = n * weight_bytes
     phase = max(peaks, key=lambda name: peaks[name][0])
     parts = {**held, phase: peaks[phase][0]}
-    parts["heap margin"] = MARGIN * (sum(parts.values()) - parts["process"])
+    margin = KEPT_MARGIN if config.model.keep_freed_memory and not gpu else MARGIN
+    parts["heap margin"] = margin * (sum(parts.values()) - parts["process"])
     advice = {phase: peaks[phase][1],
               "rollout data": f"rl.prompts_per_step or rl.group_size (now {config.rl.prompts_per_step * config.rl.group_size} "
                               f"rollouts a step)",
