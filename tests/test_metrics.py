@@ -46,6 +46,9 @@ class WordPolicy:
     def decode(self, ids):
         return " ".join(self.words[i] for i in ids if self.words[i] != "<eos>")
 
+    def count_tokens(self, text):
+        return len(text.split())
+
 
 def _policy_for(words):
     policy = WordPolicy()

@@ -223,7 +223,13 @@ def test_every_command_the_docs_give_validates_as_written(doc, command, tmp_path
 
     from taut.cli import app
 
+    import taut.preflight
+
     monkeypatch.chdir(tmp_path)
+    meminfo = tmp_path / "meminfo"      # the machine the docs are written for (24 GiB), however busy this one is
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   23000000 kB\n")
+    monkeypatch.setattr(taut.preflight, "MEMINFO", meminfo)
+    monkeypatch.setattr(taut.preflight, "_cgroup_limit", lambda: None)
     args = shlex.split(command)[1:]
     result = CliRunner().invoke(app, args if "--dry-run" in args else [*args, "--dry-run"])
     assert result.exit_code == 0, f"{doc}: {command}\n{result.output}"

@@ -323,7 +323,7 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
     _next(f"run: {run_dir}\nreport: {report}", f"taut compare {run_dir} <another run> --out runs/compare")
 
 
-@app.command("export")
+@app.command("export", cls=_Command)
 def export(target: Annotated[Path, typer.Argument(metavar="RUN", help="a LoRA run (the checkpoint it stands for) or one of its checkpoints")],
            out: Annotated[Path, typer.Option("--out", metavar="DIR", help="where the adapter goes")],
            base: Annotated[str, typer.Option("--base", metavar="MODEL", help="the base model as a user will name it, e.g. "
