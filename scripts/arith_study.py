@@ -8,7 +8,7 @@ two ways (its files copied into every run); draw every run with `taut compare`; 
 level, and each method's training time (wall, and the CPU of its own process). `--workers 2` trains
 two methods side by side on one thread each, which uses two cores better than one run on two; side
 by side, each gives the memory torch frees back to the kernel (`model.keep_freed_memory=false`):
-keeping it, two processes grew to 14.1 and 12.7 GB on 2026-12-06 and the kernel killed them.
+keeping it, two processes grew to 14.5 and 13.0 GB on 2026-12-06 and the kernel killed them.
 
 Every step is a `taut` command, printed before it runs, so that any of them can be rerun by
 hand. `--smoke` shrinks everything (2 steps of 2 × 2 rollouts of 16 tokens, 2 problems per level)
@@ -201,7 +201,7 @@ def memory_warning(workers: int, memory: float | None) -> str | None:
 def training_overrides(workers: int, threads: int, threads_given: bool, smoke: bool) -> list[str]:
     """The settings every training command of the study gets: one thread each side by side, and,
     side by side, freed memory given back to the kernel (kept, the default, two processes grew to
-    14.1 and 12.7 GB here and the kernel killed them)."""
+    14.5 and 13.0 GB here and the kernel killed them)."""
     out = (SMOKE if smoke else []) + ([f"model.threads={threads}"] if workers > 1 or threads_given else [])
     if workers > 1:
         out.append("model.keep_freed_memory=false")

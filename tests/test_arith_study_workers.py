@@ -57,7 +57,7 @@ def test_side_by_side_training_warns_when_memory_may_not_hold_it(arith_study):
 
 def test_methods_side_by_side_give_freed_memory_back(arith_study):
     """Kept freed memory (model.keep_freed_memory, the default) made two training processes of the
-    study grow to 14.1 and 12.7 GB on this 23.5 GiB machine, and the kernel killed them."""
+    study grow to 14.5 and 13.0 GB on this 23.5 GiB machine, and the kernel killed them."""
     assert arith_study.training_overrides(2, 1, False, False) == ["model.threads=1", "model.keep_freed_memory=false"]
     assert arith_study.training_overrides(1, 2, False, False) == []
 
