@@ -1,0 +1,70 @@
+"""The decode path's bf16 contract (taut.rollout.contract): logits within the stated tolerance of
+the model's forward at every step, greedy tokens equal to Hugging Face's up to the first near tie;
+and a path that breaks it (a perturbed attention) is caught."""
+
+import pytest
+import torch
+
+from taut.rollout import fast
+from taut.rollout.contract import TOLERANCE_ULPS, bf16_units, check
+from taut.rollout.hf import _HFCache
+
+# Each prompt starts its thinking, so the first tokens are not a coin toss between thinking and
+# answering (a near tie, after which tokens are not compared) and the token check has teeth.
+PROMPTS = ["sum 3 9 1 4 = <think> 3", "chain 3 + 5 * 2 - 4 = <think> 3", "add 47 + 58 = <think> 7", "mul 47 * 6 = <think> 7",
+           "sum 2 8 5 = <think> 2", "add 36 + 27 = <think> 6"]
+
+
+@pytest.fixture(scope="module")
+def bf16_policy():
+    from taut.config import ModelConfig
+    from taut.models import load_policy
+
+    return load_policy(ModelConfig(path="builtin:testbed-sft", dtype="bf16-mixed", threads=1))
+
+
+def _check(policy, cache, steps=24):
+    prompts = [policy.encode_prompt(p) for p in PROMPTS]
+    return check(policy.model, cache, prompts, policy.pad_id, steps, autocast=policy.autocast)
+
+
+def test_a_bf16_unit_is_the_spacing_at_the_rows_largest_logit():
+    reference = torch.tensor([[20.0, -3.0, 0.5], [1.5, 0.1, -0.2]])
+    assert bf16_units(torch.full((2, 3), 0.125), reference)[0, 0] == 1.0         # 2^(4-7) at |20|
+    assert bf16_units(torch.full((2, 3), 0.125), reference)[1, 0] == 16.0        # 2^(0-7) at |1.5|
+
+
+@pytest.mark.parametrize("path", ["fast", "generic"])
+def test_the_decode_paths_keep_the_contract_under_bf16(bf16_policy, path):
+    cache = fast.FastDecoder(bf16_policy.model) if path == "fast" else _HFCache(bf16_policy.model)
+    result = _check(bf16_policy, cache)
+    assert result.holds, (result.max_ulps, result.near_tie_step)
+    assert result.max_ulps <= TOLERANCE_ULPS and result.deviation_ulps.shape == (24,)
+
+
+@pytest.mark.parametrize("fault", ["attention scale 25 % off", "rotary position off by one"])
+def test_a_faulty_decode_path_breaks_the_contract(bf16_policy, fault):
+    class Shifted(fast.FastDecoder):
+        def _rotary(self, position, dtype):
+            return super()._rotary(position + 1, dtype)
+
+    if fault.startswith("attention"):
+        decoder = fast.FastDecoder(bf16_policy.model)
+        decoder.scaling *= 1.25
+    else:
+        decoder = Shifted(bf16_policy.model)
+    result = _check(bf16_policy, decoder)
+    assert not result.holds and result.max_ulps > 4 * TOLERANCE_ULPS and not result.tokens_agree
+
+
+def test_the_token_check_is_not_vacuous(bf16_policy):
+    result = _check(bf16_policy, fast.FastDecoder(bf16_policy.model))
+    assert sum(step is None for step in result.near_tie_step) >= len(PROMPTS) // 2      # most rows: no near tie in 24 steps
+
+
+def test_a_path_that_swaps_rows_breaks_the_contract(bf16_policy, monkeypatch):
+    """Logits that are each a valid row's but in the wrong rows: caught by the bound and the tokens."""
+    decoder = fast.FastDecoder(bf16_policy.model)
+    real = decoder.prefill
+    monkeypatch.setattr(decoder, "prefill", lambda ids, mask, position, max_new: real(ids, mask, position, max_new).flip(0))
+    assert not _check(bf16_policy, decoder).holds
