@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from taut.config import RunConfig
 from taut.tasks import load_task
-from taut.tasks.base import OracleTask
+from taut.tasks.base import OracleTask, TraceTask
 from taut.tasks.written import (COLUMNS, FAMILIES, Redundancy, Written, WrittenTask, analyze, draw, grade,
                                 resolve_families, trace, words)
 
@@ -92,7 +92,8 @@ def test_specs_resolve_to_families_and_held_out_is_times():
     with pytest.raises(ValueError, match="unknown written family 'colums'"):
         resolve_families("written:colums")
     task = load_task("written:all", [2])
-    assert isinstance(task, OracleTask)
+    assert isinstance(task, OracleTask) and isinstance(task, TraceTask)
+    assert not isinstance(load_task("gym:add"), TraceTask)             # the testbed's traces come from its own mixture
     held = {p.domain: p.held_out for p in task.problems("test", 2)}
     assert held == {"columns": False, "stories": False, "times": True}
     with pytest.raises(ValueError, match="levels 1-6"):

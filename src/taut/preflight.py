@@ -602,6 +602,7 @@ def longest_sft_example(config: RunConfig, policy: Policy) -> int:
 
     from taut.sft import sft_examples
     from taut.tasks import load_task
+    from taut.tasks.base import TraceTask
     from taut.tasks.files import FileTask
 
     separator = "\x00"                # joins a pair into one text for `longest_tokens`; never in data
@@ -615,7 +616,7 @@ def longest_sft_example(config: RunConfig, policy: Policy) -> int:
         task = None if _is_gym(spec) else load_task(spec, config.data.levels)
         if isinstance(task, FileTask):
             pairs += task.sft_pairs()
-        elif hasattr(task, "sft_examples"):           # traces drawn afresh, as the testbed's
+        elif isinstance(task, TraceTask):             # traces drawn afresh, as the testbed's
             pairs += task.sft_examples(random.Random(f"preflight:{config.seed}"), SFT_SAMPLE)
     return longest_tokens([f"{p}{separator}{r}" for p, r in pairs],
                           lambda text: _pair_tokens(policy, text.split(separator, 1)), overhead)

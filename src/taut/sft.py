@@ -26,7 +26,7 @@ from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
 from taut.runlog import MetricsLog, StepProgress, console
-from taut.tasks.base import Split
+from taut.tasks.base import Split, TraceTask
 from taut.trackers import open_trackers
 
 
@@ -62,7 +62,7 @@ def sft_examples(config: RunConfig, rng: random.Random, n: int, split: Split = "
         if isinstance(spec, str) and spec.startswith("gym"):
             continue
         task = load_task(spec, config.data.levels)
-        if hasattr(task, "sft_examples"):              # a task that writes its own traces (written arithmetic)
+        if isinstance(task, TraceTask):                # a task that writes its own traces (written arithmetic)
             sources.append(lambda k, task=task: task.sft_examples(rng, k, split=split))
             continue
         if not isinstance(task, FileTask):

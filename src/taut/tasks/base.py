@@ -89,3 +89,12 @@ class OracleTask(Task, Protocol):
         or None when the response does not follow the format the oracle reads. `count` gives the
         tokens of a text under the policy's tokenizer (the testbed's words are its tokens)."""
         ...
+
+
+@runtime_checkable
+class TraceTask(Task, Protocol):
+    """A task that writes its own SFT traces (written arithmetic): `data.sft` draws from it."""
+
+    def sft_examples(self, rng: Any, n: int, pool_per_level: int = ..., split: Split = "train") -> list[tuple[str, str]]:
+        """n (prompt, response) pairs from `split`, drawn with `rng` (a random.Random)."""
+        ...
