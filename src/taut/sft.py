@@ -7,7 +7,6 @@ sorted by length and split, which cuts padding roughly in half.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -25,7 +24,7 @@ from taut.models import Policy, enable_activation_checkpointing, load_policy, re
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
-from taut.runlog import MetricsLog, StepProgress, console
+from taut.runlog import MetricsLog, StepProgress, console, read_metrics
 from taut.tasks.base import Split, TraceTask
 from taut.trackers import open_trackers
 
@@ -286,7 +285,7 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     if not quiet:
         console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")
         if held_back:
-            curve = [r for r in log_records(run_dir) if "val_loss" in r]
+            curve = [r for r in read_metrics(run_dir) if "val_loss" in r]
             best = min(curve, key=lambda r: r["val_loss"])
             console.print(f"sft: validation loss {curve[0]['val_loss']:.4f} at step 0, lowest {best['val_loss']:.4f} at step "
                           f"{best['step']}, {curve[-1]['val_loss']:.4f} at the end (metrics.jsonl has the curve)")
@@ -301,7 +300,7 @@ def select_lowest_validation_loss(run_dir: Path) -> Path | None:
     the validation minimum. Only steps that have both a checkpoint and a validation loss compete;
     None (and no selection) when there are none."""
     saved = {checkpoint_step(c): c for c in (run_dir / CHECKPOINTS).iterdir() if c.is_dir() and c.name.startswith("step-")}
-    curve = [r for r in log_records(run_dir) if "val_loss" in r and r["step"] in saved]
+    curve = [r for r in read_metrics(run_dir) if "val_loss" in r and r["step"] in saved]
     if not curve:
         return None
     best = min(curve, key=lambda r: (r["val_loss"], r["step"]))
@@ -310,6 +309,3 @@ def select_lowest_validation_loss(run_dir: Path) -> Path | None:
                                             "val_loss": best["val_loss"], "step": best["step"]})
     return chosen
 
-
-def log_records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

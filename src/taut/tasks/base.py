@@ -24,6 +24,12 @@ def split_of(key: str) -> Split:
     return "validation" if u < SPLIT_FRACTIONS["train"] + SPLIT_FRACTIONS["validation"] else "test"
 
 
+def check_split(split: str) -> None:
+    """A split taut knows, else a ValueError naming the valid ones."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+
+
 BUDGET_INSTRUCTION = "Think for {budget} tokens."      # L1 / LCPO's wording (arXiv 2503.04697)
 
 
@@ -95,6 +101,6 @@ class OracleTask(Task, Protocol):
 class TraceTask(Task, Protocol):
     """A task that writes its own SFT traces (written arithmetic): `data.sft` draws from it."""
 
-    def sft_examples(self, rng: Any, n: int, pool_per_level: int = ..., split: Split = "train") -> list[tuple[str, str]]:
+    def sft_examples(self, rng: Any, n: int, split: Split = "train") -> list[tuple[str, str]]:
         """n (prompt, response) pairs from `split`, drawn with `rng` (a random.Random)."""
         ...

@@ -37,7 +37,7 @@ import re
 from importlib import resources
 
 from taut.sandbox import Limits, SandboxError, run_python
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict
+from taut.tasks.base import BUDGET_INSTRUCTION, Problem, Split, Verdict, check_split
 from taut.tasks.math import answer_region
 
 LIMITS = Limits(cpu_seconds=3, wall_seconds=6.0)
@@ -93,8 +93,7 @@ class CodeTask:
         self.records = read_humaneval()
 
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         if split != "test":
             raise ValueError(f"{self.name} is an evaluation set with a test split only (asked for {split!r}): "
                              f"use it in eval.tasks, not in data.train or validation")

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from taut.config import FileTaskConfig
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, check_split, split_of
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 CHARS_PER_TOKEN_BOUND = 32      # without a tokenizer: a prompt may have this many characters per allowed token
@@ -364,8 +364,7 @@ class FileTask:
 
     # ---- problems ---------------------------------------------------------------------
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         groups: dict[tuple[str, int | None], list[Row]] = {}
         for row in self.rows:
             if row.split == split:

@@ -35,7 +35,7 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, Problem, Split, Verdict, check_split, split_of
 from taut.tasks.math import answer_region
 
 GENERATOR_SEED = 0
@@ -167,8 +167,7 @@ class IfevalTask:
         self.instances = pool(seed, size)
 
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         members = [i for i, inst in enumerate(self.instances) if split_of(f"{self.name}:{i}") == split]
         if len(members) > n_per_level:
             members = sorted(random.Random(f"{seed}:{self.name}:{split}").sample(members, n_per_level))

@@ -31,7 +31,7 @@ import random
 import re
 from functools import lru_cache
 
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, Verdict, split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, Problem, Split, Verdict, check_split, split_of
 from taut.tasks.math import extract_answer
 
 FAMILIES = ("family_relationships", "syllogism", "color_cube_rotation")
@@ -97,8 +97,7 @@ class QATask:
         self.questions = pool(self.families)
 
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         per_family: dict[str, list[int]] = {f: [] for f in self.families}
         for i, (family, question, _) in enumerate(self.questions):
             if split_of(f"qa:{family}:{question}") == split:

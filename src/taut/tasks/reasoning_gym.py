@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taut.config import ReasoningGymTaskConfig
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, SPLIT_FRACTIONS, Problem, Split, Verdict, split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, SPLIT_FRACTIONS, Problem, Split, Verdict, check_split, split_of
 
 PREFIX = "reasoning-gym:"
 INSTRUCTIONS = {
@@ -114,8 +114,7 @@ class ReasoningGymTask:
 
     # ---- problems ---------------------------------------------------------------------
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         out = []
         for level, cfg in self.level_config.items():
             candidates = int(CANDIDATES_PER_PROBLEM * n_per_level / SPLIT_FRACTIONS[split]) + 10

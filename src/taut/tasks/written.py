@@ -63,7 +63,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLITS, Problem, Split, TraceAnalysis, Verdict, split_of
+from taut.tasks.base import BUDGET_INSTRUCTION, Problem, Split, TraceAnalysis, Verdict, check_split, split_of
 
 PREFIX = "written"
 INSTRUCTION = "Think step by step, then give the final answer on its own line as 'Answer: N'."
@@ -442,8 +442,7 @@ class WrittenTask:
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
         """Up to `n_per_level` distinct problems per family and level. The draw order depends on
         `seed`; which split a problem belongs to does not."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         out = []
         for family in self.families:
             for level in self.levels:
@@ -472,8 +471,8 @@ class WrittenTask:
     def with_budget(self, problem: Problem, budget: int) -> Problem:
         return dataclasses.replace(problem, prompt=f"{problem.prompt}\n\n{BUDGET_INSTRUCTION.format(budget=budget)}")
 
-    def sft_examples(self, rng: random.Random, n: int, pool_per_level: int = 2000,
-                     split: Split = "train") -> list[tuple[str, str]]:
+    def sft_examples(self, rng: random.Random, n: int, split: Split = "train",
+                     pool_per_level: int = 2000) -> list[tuple[str, str]]:
         """n (prompt, response) pairs: a family and level drawn uniformly, then one of its problems
         of `split`, with a trace drawn from the task's redundancy mixture."""
         if split not in self._pools:

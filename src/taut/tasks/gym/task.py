@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from taut.tasks.base import SPLIT_FRACTIONS, SPLITS, Problem, Split, TraceAnalysis, Verdict, split_of  # noqa: F401 (re-exported)
+from taut.tasks.base import SPLITS, SPLIT_FRACTIONS, Problem, Split, TraceAnalysis, Verdict, check_split, split_of  # noqa: F401 (re-exported)
 from taut.tasks.gym.domains import DOMAINS, LEVELS, Domain, get_domain
 from taut.tasks.gym.vocab import ANSWER, END_THINK, THINK
 
@@ -167,8 +167,7 @@ class GymTask:
 
     # ---- problems ---------------------------------------------------------------------
     def problems(self, split: Split, n_per_level: int, seed: int = 0) -> list[Problem]:
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        check_split(split)
         out = []
         for domain in self.domains:
             for level in self.levels:
