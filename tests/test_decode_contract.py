@@ -8,6 +8,7 @@ import torch
 from taut.rollout import fast
 from taut.rollout.contract import TOLERANCE_ULPS, bf16_units, check
 from taut.rollout.hf import _HFCache
+from taut.rollout.native import reason as native_reason
 
 # Each prompt starts its thinking, so the first tokens are not a coin toss between thinking and
 # answering (a near tie, after which tokens are not compared) and the token check has teeth.
@@ -23,6 +24,16 @@ def bf16_policy():
     return load_policy(ModelConfig(path="builtin:testbed-sft", dtype="bf16-mixed", threads=1))
 
 
+def _fast(policy, native=True, cls=fast.FastDecoder):
+    """The fast path as the engine builds it: under the policy's autocast (bf16 products on
+    prepacked weights, and taut's compiled attention kernel when `native` and it can be had)."""
+    with policy.autocast():
+        decoder = cls(policy.model, native=native)
+    if native:
+        assert decoder.native is not None, native_reason()
+    return decoder
+
+
 def _check(policy, cache, steps=24):
     prompts = [policy.encode_prompt(p) for p in PROMPTS]
     return check(policy.model, cache, prompts, policy.pad_id, steps, autocast=policy.autocast)
@@ -34,37 +45,38 @@ def test_a_bf16_unit_is_the_spacing_at_the_rows_largest_logit():
     assert bf16_units(torch.full((2, 3), 0.125), reference)[1, 0] == 16.0        # 2^(0-7) at |1.5|
 
 
-@pytest.mark.parametrize("path", ["fast", "generic"])
+@pytest.mark.parametrize("path", ["fast", "fast-sdpa", "generic"])
 def test_the_decode_paths_keep_the_contract_under_bf16(bf16_policy, path):
-    cache = fast.FastDecoder(bf16_policy.model) if path == "fast" else _HFCache(bf16_policy.model)
+    cache = _HFCache(bf16_policy.model) if path == "generic" else _fast(bf16_policy, native=path == "fast")
     result = _check(bf16_policy, cache)
     assert result.holds, (result.max_ulps, result.near_tie_step)
     assert result.max_ulps <= TOLERANCE_ULPS and result.deviation_ulps.shape == (24,)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["kernel", "sdpa"])
 @pytest.mark.parametrize("fault", ["attention scale 25 % off", "rotary position off by one"])
-def test_a_faulty_decode_path_breaks_the_contract(bf16_policy, fault):
+def test_a_faulty_decode_path_breaks_the_contract(bf16_policy, fault, native):
     class Shifted(fast.FastDecoder):
         def _rotary(self, position, dtype):
             return super()._rotary(position + 1, dtype)
 
     if fault.startswith("attention"):
-        decoder = fast.FastDecoder(bf16_policy.model)
+        decoder = _fast(bf16_policy, native)
         decoder.scaling *= 1.25
     else:
-        decoder = Shifted(bf16_policy.model)
+        decoder = _fast(bf16_policy, native, cls=Shifted)
     result = _check(bf16_policy, decoder)
     assert not result.holds and result.max_ulps > 4 * TOLERANCE_ULPS and not result.tokens_agree
 
 
 def test_the_token_check_is_not_vacuous(bf16_policy):
-    result = _check(bf16_policy, fast.FastDecoder(bf16_policy.model))
+    result = _check(bf16_policy, _fast(bf16_policy))
     assert sum(step is None for step in result.near_tie_step) >= len(PROMPTS) // 2      # most rows: no near tie in 24 steps
 
 
 def test_a_path_that_swaps_rows_breaks_the_contract(bf16_policy, monkeypatch):
     """Logits that are each a valid row's but in the wrong rows: caught by the bound and the tokens."""
-    decoder = fast.FastDecoder(bf16_policy.model)
+    decoder = _fast(bf16_policy)
     real = decoder.prefill
     monkeypatch.setattr(decoder, "prefill", lambda ids, mask, position, max_new: real(ids, mask, position, max_new).flip(0))
     assert not _check(bf16_policy, decoder).holds

@@ -184,7 +184,7 @@ def test_on_the_direct_level_all_thinking_is_redundant_and_a_skipped_step_is_mis
     hard = Written("columns", 3, (482, 356), ("+",))
     direct = analyze(hard, "Answer: 838", complete=True)
     assert direct.coverage == 0.0 and direct.redundant_tokens == 0 and not direct.thinks
-    wrong_step = hard.minimal_response().replace("Tens: 8 + 5 + 0 = 13", "Tens: 8 + 5 + 0 = 14")
+    wrong_step = hard.minimal_response().replace("8 + 5 + 0 = 13", "8 + 5 + 0 = 14")
     assert analyze(hard, wrong_step, complete=True).coverage == pytest.approx(2 / 3)
     repeated = hard.minimal_response().replace("Answer", hard.steps()[1] + "\nAnswer")      # a column done twice
     assert analyze(hard, repeated, complete=True).redundant_tokens == words(hard.steps()[1])
@@ -229,7 +229,7 @@ def test_traces_are_correct_overthink_by_the_mixture_and_answer_easy_problems_di
     assert trace(p, rng, none) == p.minimal_response()
 
 
-def test_sft_examples_cover_every_family_and_level_uniformly():
+def test_sft_examples_draw_families_uniformly_and_levels_in_proportion_to_their_number():
     task = WrittenTask(["columns", "stories"], levels=(1, 4))
     pairs = task.sft_examples(random.Random(1), 4000, pool_per_level=300)
     counts = {}
@@ -237,6 +237,9 @@ def test_sft_examples_cover_every_family_and_level_uniformly():
         kind = "stories" if "have now?" in prompt else "columns"
         counts[kind] = counts.get(kind, 0) + 1
     assert 1800 < counts["columns"] < 2200
+    hard = sum(1 for prompt, _ in pairs if "have now?" in prompt and prompt.count(" more.") + prompt.count(
+        "away") + sum(prompt.count(w) for w in (" loses ", " uses ", " sells ", " to a friend.")) == 4)
+    assert 0.8 * 4 / 5 < hard / counts["stories"] < 1.2 * 4 / 5          # level 4 drawn four times as often as level 1
 
 
 # ---- end to end ------------------------------------------------------------------------------------

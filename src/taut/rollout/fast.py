@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from taut.models import lora_delta, unwrap
+from taut.rollout.native import kernel as native_kernel
 
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")
 
@@ -69,7 +70,7 @@ def _weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class FastDecoder:
-    def __init__(self, model, pack: bool = True):
+    def __init__(self, model, pack: bool = True, native: bool = True):
         model = unwrap(model)                # the forward of a peft model's base model applies the adapters
         self.model = model
         self.inner = model.model
@@ -102,6 +103,12 @@ class FastDecoder:
         def weight(w):
             w = cast(w)
             return torch.ops.mkldnn._reorder_linear_weight(w, 64) if self.packed else w
+
+        # Under bf16, attention (with the rotary and the cache writes) runs in taut's compiled kernel
+        # when it can be had (taut.rollout.native); fp32 keeps sdpa, whose greedy tokens equal
+        # model.generate's.
+        plain = not hasattr(attn, "q_norm") and self.head_dim % 16 == 0 and device == "cpu"
+        self.native = native_kernel() if native and plain and low == torch.bfloat16 else None
 
         head, head_bias = _weight(model.lm_head)
         self.head, self.head_bias = weight(head), cast(head_bias)
@@ -207,10 +214,12 @@ class FastDecoder:
             self._grow()
         rows, d, kv, groups = tokens.shape[0], self.head_dim, self.n_kv, self.n_heads // self.n_kv
         x = self.inner.embed_tokens(tokens)                                                # [A, H]
-        cos, sin = self._rotary(position, x.dtype)                                          # [A, 1, D]
         self.valid[:, t] = True
-        visible = self.valid[:, : t + 1].view(rows, 1, 1, t + 1) if self.padded else None  # [A, 1, 1, T]
         width = x.shape[-1]
+        if self.native is not None:
+            return self._native_step(x, position, t)
+        cos, sin = self._rotary(position, x.dtype)                                          # [A, 1, D]
+        visible = self.valid[:, : t + 1].view(rows, 1, 1, t + 1) if self.padded else None  # [A, 1, 1, T]
         for i, w in enumerate(self.layers):
             h = F.rms_norm(x, (width,), w["ln1"], self.eps)
             qkv = self._linear(h, w["qkv"], w["qkv_bias"])
@@ -235,5 +244,25 @@ class FastDecoder:
             h = F.rms_norm(x, (width,), w["ln2"], self.eps)
             gate, up = self._linear(h, w["gate_up"]).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, w["down"])
+        return self._finish(x, t)
+
+    def _finish(self, x: torch.Tensor, t: int) -> torch.Tensor:
         self.length = t + 1
-        return self._linear(F.rms_norm(x, (width,), self.inner.norm.weight, self.eps), self.head, self.head_bias)
+        return self._linear(F.rms_norm(x, (x.shape[-1],), self.inner.norm.weight, self.eps), self.head, self.head_bias)
+
+    def _native_step(self, x: torch.Tensor, position: torch.Tensor, t: int) -> torch.Tensor:
+        """The step with attention in taut's kernel: rotary, cache writes and attention for all
+        rows and heads in one call per layer (taut.rollout.native); the rest as in `step`."""
+        cos, sin = (c.view(-1, self.head_dim).contiguous() for c in self._rotary(position, torch.float32))   # [A, D] fp32
+        visible = self.valid if self.padded else self.valid.new_empty(0)
+        width = x.shape[-1]
+        for i, w in enumerate(self.layers):
+            h = F.rms_norm(x, (width,), w["ln1"], self.eps)
+            qkv = self._linear(h, w["qkv"], w["qkv_bias"])
+            out = self.native.decode_attention(qkv.contiguous(), cos, sin, self.k[i], self.v[i], visible, t,
+                                               self.n_heads, self.scaling)                   # [A, heads·D]
+            x = x + self._linear(out, w["o"], w["o_bias"])
+            h = F.rms_norm(x, (width,), w["ln2"], self.eps)
+            gate, up = self._linear(h, w["gate_up"]).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, w["down"])
+        return self._finish(x, t)

@@ -1,0 +1,77 @@
+"""taut's compiled decode kernel (kernels/decode_attention.cpp), built on first use.
+
+One decode step's attention for the fast path under bf16: rotary on the new query and key
+heads, the new key and value written into the bf16 cache, and single-query attention over the
+cache for every row and key/value head, in one pass with fp32 arithmetic. It replaces, per
+layer, the rotary kernels, two cache writes and `scaled_dot_product_attention`'s CPU flash
+kernel, which spends most of a step on two tiny oneDNN products per row and head
+(docs/performance.md, "How close generation can come under its exactness test"). It rounds
+differently from Hugging Face's kernels, so the fast path takes it only under bf16, where the
+path is held to the decode contract (taut.rollout.contract); fp32 keeps sdpa and its greedy
+tokens equal to `model.generate`.
+
+The extension is compiled with torch's C++ extension builder (a C++ compiler and ninja; the
+`ninja` package is a dependency) into torch's extension cache, keyed by the source's hash, once
+per machine (about 45 s on 2 cores). Without a compiler, or with `TAUT_NATIVE=0`, `kernel()`
+returns None and the fast path keeps sdpa; `reason()` says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "decode_attention.cpp"
+FLAGS = ["-O3", "-march=native", "-ffast-math"]     # vectorised exp; the kernel never relies on inf or NaN arithmetic
+ENV = "TAUT_NATIVE"                                 # 0: never build or use the kernel
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def kernel():
+    """The compiled module (its `decode_attention` function), or None when it cannot be had."""
+    with _lock:
+        if "module" not in _state:
+            _state["module"], _state["reason"] = _build()
+        return _state["module"]
+
+
+def reason() -> str | None:
+    """Why `kernel()` is None (None when it is not, or before the first call)."""
+    return _state.get("reason")  # type: ignore[return-value]
+
+
+def _build():
+    if os.environ.get(ENV, "1") == "0":
+        return None, f"{ENV}=0"
+    try:
+        from torch.utils.cpp_extension import load
+
+        _ninja_on_path()
+        source = SOURCE.read_bytes()
+        name = "taut_decode_attention_" + hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:12]
+        log.info("compiling taut's decode kernel (once per machine)")
+        module = load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+        return module, None
+    except Exception as error:                    # no compiler, no ninja, a failed build: sdpa it is
+        message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        log.warning("taut's decode kernel is unavailable (%s); the fast path uses sdpa", message)
+        return None, message
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH: put the `ninja` package's binary there (a
+    virtual environment's bin is not on PATH when its programs are run by their full path)."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    directory = getattr(ninja, "BIN_DIR", None)
+    if directory and directory not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = directory + os.pathsep + os.environ.get("PATH", "")

@@ -1,0 +1,66 @@
+"""taut's compiled decode kernel (taut.rollout.native) against the same step written in float64:
+rotary on the new heads, the cache writes at column t, and masked grouped-query attention."""
+
+import pytest
+import torch
+
+from taut.rollout.native import kernel, reason
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = kernel()
+    assert module is not None, reason()          # the machine has a compiler: the kernel must build
+    return module
+
+
+def _rotate(x, cos, signed_sin):
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("heads,kv,t", [(9, 3, 0), (9, 3, 37), (4, 4, 5), (8, 2, 70)])
+def test_the_kernel_is_the_step_in_float64(native, heads, kv, t, padded):
+    torch.manual_seed(heads * 100 + t)
+    rows, d, capacity = 5, 32, 80
+    qkv = torch.randn(rows, (heads + 2 * kv) * d).bfloat16()
+    keys = torch.randn(rows, kv, capacity, d).bfloat16()
+    values = torch.randn(rows, kv, capacity, d).bfloat16()
+    angle = torch.rand(rows, d) * 6
+    cos, signed_sin = angle.cos(), angle.sin() * torch.cat([-torch.ones(d // 2), torch.ones(d // 2)])
+    valid = torch.ones(rows, capacity, dtype=torch.bool)
+    if padded:
+        valid[0, : t // 2] = False                   # left padding of different widths
+        valid[3, : t] = False                        # only column t visible
+    keys_before, values_before = keys.clone(), values.clone()
+
+    out = native.decode_attention(qkv, cos, signed_sin, keys, values, valid if padded else valid.new_empty(0), t, heads, d ** -0.5)
+
+    x = qkv.double().view(rows, heads + 2 * kv, d)
+    q = _rotate(x[:, :heads], cos.double()[:, None], signed_sin.double()[:, None])
+    k_new = _rotate(x[:, heads: heads + kv], cos.double()[:, None], signed_sin.double()[:, None])
+    assert torch.equal(keys[:, :, t], k_new.bfloat16())                   # written, rounded once
+    assert torch.equal(values[:, :, t], qkv.view(rows, heads + 2 * kv, d)[:, heads + kv:])
+    untouched = torch.ones(capacity, dtype=torch.bool)
+    untouched[t] = False
+    assert torch.equal(keys[:, :, untouched], keys_before[:, :, untouched])
+    assert torch.equal(values[:, :, untouched], values_before[:, :, untouched])
+
+    k, v = keys[:, :, : t + 1].double(), values[:, :, : t + 1].double()        # [R, kv, T, D]
+    grouped = q.view(rows, kv, heads // kv, d)
+    scores = grouped @ k.transpose(-1, -2) * d ** -0.5                          # [R, kv, G, T]
+    if padded:
+        scores = scores.masked_fill(~valid[:, None, None, : t + 1], float("-inf"))
+    expected = (scores.softmax(-1) @ v).reshape(rows, heads * d)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, heads * d)
+    assert torch.allclose(out.double(), expected, rtol=2 ** -8, atol=1e-6)     # one bf16 rounding of an fp32 result
+
+
+def test_bad_shapes_are_refused_with_a_message(native):
+    qkv = torch.randn(2, 5 * 32).bfloat16()
+    keys = torch.zeros(2, 1, 8, 32).bfloat16()
+    with pytest.raises(RuntimeError, match="qkv's width"):
+        native.decode_attention(qkv, torch.ones(2, 32), torch.ones(2, 32), keys, keys.clone(), torch.empty(0, dtype=torch.bool), 0, 4, 1.0)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        native.decode_attention(torch.randn(2, 6 * 32).bfloat16(), torch.ones(2, 32), torch.ones(2, 32), keys, keys.clone(),
+                                torch.empty(0, dtype=torch.bool), 8, 4, 1.0)
