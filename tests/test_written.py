@@ -25,6 +25,8 @@ def replay(problem: Written) -> int:
     if problem.family == "stories":
         return int(re.search(r"= (\d+)\.$", steps[-1]).group(1))
     written = [re.search(r"Write (\d+)", s).group(1) for s in steps]
+    so_far = [int(re.search(r"So far: (\d+)\.$", s).group(1)) for s in steps]
+    assert so_far == [int("".join(reversed(written[: i + 1]))) for i in range(len(steps))]
     return int("".join(reversed(written)))
 
 
@@ -229,7 +231,7 @@ def test_traces_are_correct_overthink_by_the_mixture_and_answer_easy_problems_di
     assert trace(p, rng, none) == p.minimal_response()
 
 
-def test_sft_examples_draw_families_uniformly_and_levels_in_proportion_to_their_number():
+def test_sft_examples_draw_families_uniformly_and_harder_levels_more_often():
     task = WrittenTask(["columns", "stories"], levels=(1, 4))
     pairs = task.sft_examples(random.Random(1), 4000, pool_per_level=300)
     counts = {}
@@ -239,7 +241,7 @@ def test_sft_examples_draw_families_uniformly_and_levels_in_proportion_to_their_
     assert 1800 < counts["columns"] < 2200
     hard = sum(1 for prompt, _ in pairs if "have now?" in prompt and prompt.count(" more.") + prompt.count(
         "away") + sum(prompt.count(w) for w in (" loses ", " uses ", " sells ", " to a friend.")) == 4)
-    assert 0.8 * 4 / 5 < hard / counts["stories"] < 1.2 * 4 / 5          # level 4 drawn four times as often as level 1
+    assert 0.85 * 5 / 7 < hard / counts["stories"] < 1.15 * 5 / 7        # level k drawn in proportion to k + 1
 
 
 # ---- end to end ------------------------------------------------------------------------------------

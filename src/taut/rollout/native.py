@@ -27,7 +27,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_attention.cpp"
-FLAGS = ["-O3", "-march=native", "-ffast-math"]     # vectorised exp; the kernel never relies on inf or NaN arithmetic
+# -ffast-math: vectorised exp (the kernel never relies on inf or NaN arithmetic); -fopenmp: without
+# it at::parallel_for, inlined from torch's headers, runs on one thread
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 ENV = "TAUT_NATIVE"                                 # 0: never build or use the kernel
 
 _lock = threading.Lock()
@@ -57,7 +59,7 @@ def _build():
         source = SOURCE.read_bytes()
         name = "taut_decode_attention_" + hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:12]
         log.info("compiling taut's decode kernel (once per machine)")
-        module = load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+        module = load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
         return module, None
     except Exception as error:                    # no compiler, no ninja, a failed build: sdpa it is
         message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"

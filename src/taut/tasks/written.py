@@ -21,15 +21,16 @@ Levels 1-4 by default; columns and times take levels up to 6.
 Response format (the prompt asks for it): steps, one per line, then the final answer on a line
 of its own, `Answer: N`. For example, columns level 3, `What is 482 + 356?`:
 
-    Ones: 482 has 2, 356 has 6. 2 + 6 + 0 = 8. Write 8, carry 0.
-    Tens: 482 has 8, 356 has 5. 8 + 5 + 0 = 13. Write 3, carry 1.
-    Hundreds: 482 has 4, 356 has 3. 4 + 3 + 1 = 8. Write 8.
+    Ones: 482 has 2, 356 has 6. 2 + 6 + 0 = 8. Write 8, carry 0. So far: 8.
+    Tens: 482 has 8, 356 has 5. 8 + 5 + 0 = 13. Write 3, carry 1. So far: 38.
+    Hundreds: 482 has 4, 356 has 3. 4 + 3 + 1 = 8. Write 8. So far: 838.
     Answer: 838
 
 Each column line names the digits it reads (copied from the numbers written just before it: a
-fixed short distance back, not counted from the question's right end), and a subtraction line
-the comparison that decides its borrow (`Tens: 603 has 0, 251 has 5. 0 - 0 = 0, less than 5:
-borrow, 10 - 5 = 5. Write 5, borrow 1.`).
+fixed short distance back, not counted from the question's right end) and ends with the number
+the digits written so far make (one digit put in front of the last line's number, so the answer
+is a copy, not a reassembly); a subtraction line states the comparison that decides its borrow (`Tens: 603 has 0, 251 has 5. 0 - 0 = 0, less than 5:
+borrow, 10 - 5 = 5. Write 5, borrow 1. So far: 52.`).
 
 Grading (`verify`): every `Answer:` line of the response is read (a cut-off response's last,
 unfinished line is not); the response is correct when there is at least one, each holds exactly
@@ -189,42 +190,47 @@ class Written:
 def _column_steps(a: int, b: int, op: str) -> list[str]:
     """One line per column, each naming the digits it reads from the two numbers (copied just
     before, so a digit is a short, fixed distance back rather than counted from the question's
-    right end), and in subtraction the comparison that decides the borrow."""
+    right end), in subtraction the comparison that decides the borrow, and the number the
+    written digits make so far (the answer is then the last line's, copied)."""
     da, db = _digits(a), _digits(b)
     width = max(len(da), len(db))
     da += [0] * (width - len(da))
     db += [0] * (width - len(db))
-    out, carry = [], 0
+    out, carry, written = [], 0, ""
     for i in range(width):
         name, last = COLUMNS[i], i == width - 1
         head = f"{name}: {a} has {da[i]}, {b} has {db[i]}."
         if op == "+":
             total = da[i] + db[i] + carry
+            digit = str(total) if last else str(total % 10)
+            written = digit + written
             tail = f"Write {total}." if last else f"Write {total % 10}, carry {total // 10}."
-            out.append(f"{head} {da[i]} + {db[i]} + {carry} = {total}. {tail}")
+            out.append(f"{head} {da[i]} + {db[i]} + {carry} = {total}. {tail} So far: {int(written)}.")
             carry = total // 10
         else:
             top = da[i] - carry
             borrow = int(top < db[i])
-            written = top + 10 * borrow - db[i]
+            value = top + 10 * borrow - db[i]
+            written = str(value) + written
             if borrow:
-                work = f"{da[i]} - {carry} = {top}, less than {db[i]}: borrow, {top + 10} - {db[i]} = {written}."
+                work = f"{da[i]} - {carry} = {top}, less than {db[i]}: borrow, {top + 10} - {db[i]} = {value}."
             else:
-                work = f"{da[i]} - {carry} = {top}, not less than {db[i]}: {top} - {db[i]} = {written}."
-            tail = f"Write {written}." if last else f"Write {written}, borrow {borrow}."
-            out.append(f"{head} {work} {tail}")
+                work = f"{da[i]} - {carry} = {top}, not less than {db[i]}: {top} - {db[i]} = {value}."
+            tail = f"Write {value}." if last else f"Write {value}, borrow {borrow}."
+            out.append(f"{head} {work} {tail} So far: {int(written)}.")
             carry = borrow
     return out
 
 
 def _times_steps(a: int, m: int) -> list[str]:
     da = _digits(a)
-    out, carry = [], 0
+    out, carry, written = [], 0, ""
     for i, d in enumerate(da):
         total = d * m + carry
-        name = COLUMNS[i]
-        tail = f"Write {total}." if i == len(da) - 1 else f"Write {total % 10}, carry {total // 10}."
-        out.append(f"{name}: {a} has {d}. {d} × {m} + {carry} = {total}. {tail}")
+        last = i == len(da) - 1
+        written = (str(total) if last else str(total % 10)) + written
+        tail = f"Write {total}." if last else f"Write {total % 10}, carry {total // 10}."
+        out.append(f"{COLUMNS[i]}: {a} has {d}. {d} × {m} + {carry} = {total}. {tail} So far: {int(written)}.")
         carry = total // 10
     return out
 
@@ -479,9 +485,9 @@ class WrittenTask:
 
     def sft_examples(self, rng: random.Random, n: int, split: Split = "train",
                      pool_per_level: int = 2000) -> list[tuple[str, str]]:
-        """n (prompt, response) pairs: a family drawn uniformly and a level with probability
-        proportional to it (level 4 four times as often as level 1: the harder a level, the more
-        examples its steps need), then one of its problems of `split`, with a trace drawn from the
+        """n (prompt, response) pairs: a family drawn uniformly and a level k with probability
+        proportional to k + 1 (level 4 two and a half times as often as level 1: the harder a
+        level, the more examples its steps need), then one of its problems of `split`, with a trace drawn from the
         task's redundancy mixture."""
         if split not in self._pools:
             pool: dict[tuple[str, int | None], list[Problem]] = {}
@@ -489,7 +495,7 @@ class WrittenTask:
                 pool.setdefault((p.domain, p.difficulty), []).append(p)
             self._pools[split] = list(pool.values())
         pools = self._pools[split]
-        weights = [pool[0].difficulty or 1 for pool in pools]
+        weights = [(pool[0].difficulty or 1) + 1 for pool in pools]
         out = []
         for _ in range(n):
             problem = rng.choice(rng.choices(pools, weights=weights)[0])
