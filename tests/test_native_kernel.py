@@ -37,7 +37,7 @@ def test_the_kernel_is_the_step_in_float64(native, heads, kv, t, padded):
     out = native.decode_attention(qkv, cos, signed_sin, keys, values, valid if padded else valid.new_empty(0), t, heads, d ** -0.5)
 
     x = qkv.double().view(rows, heads + 2 * kv, d)
-    q = _rotate(x[:, :heads], cos.double()[:, None], signed_sin.double()[:, None])
+    q = _rotate(x[:, :heads], cos.double()[:, None], signed_sin.double()[:, None]).bfloat16().double()   # rounded as the keys
     k_new = _rotate(x[:, heads: heads + kv], cos.double()[:, None], signed_sin.double()[:, None])
     assert torch.equal(keys[:, :, t], k_new.bfloat16())                   # written, rounded once
     assert torch.equal(values[:, :, t], qkv.view(rows, heads + 2 * kv, d)[:, heads + kv:])
@@ -64,3 +64,24 @@ def test_bad_shapes_are_refused_with_a_message(native):
     with pytest.raises(RuntimeError, match="outside the cache"):
         native.decode_attention(torch.randn(2, 6 * 32).bfloat16(), torch.ones(2, 32), torch.ones(2, 32), keys, keys.clone(),
                                 torch.empty(0, dtype=torch.bool), 8, 4, 1.0)
+
+
+def test_the_fused_norm_adds_the_residual_in_place_and_rounds_once(native):
+    torch.manual_seed(0)
+    x, delta, weight = torch.randn(7, 96), torch.randn(7, 96).bfloat16(), torch.rand(96) + 0.5
+    expected_x = x.double() + delta.double()
+    expected = expected_x * torch.rsqrt(expected_x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+    out = native.add_rms_norm(x, delta, weight, 1e-5)
+    assert torch.allclose(x.double(), expected_x, atol=1e-6)                           # x += delta, in place
+    assert out.dtype == torch.bfloat16 and torch.allclose(out.double(), expected, rtol=2 ** -8, atol=1e-6)
+    before = x.clone()
+    native.add_rms_norm(x, delta.new_empty(0), weight, 1e-5)                             # no delta: no add
+    assert torch.equal(x, before)
+
+
+def test_the_fused_silu_is_silu_of_the_gate_times_up(native):
+    torch.manual_seed(1)
+    gate_up = (torch.randn(5, 2 * 48) * 4).bfloat16()
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    assert torch.allclose(native.silu_mul(gate_up).double(), expected, rtol=2 ** -8, atol=1e-6)

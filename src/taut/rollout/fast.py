@@ -12,7 +12,9 @@ reordered once per generate call for oneDNN. The prompt is prefilled by the mode
 its cache is copied into the buffers. Tests check greedy tokens equal `model.generate` in fp32;
 under bf16 autocast the path is held to the decode contract (taut.rollout.contract: logits within
 8 bf16 units of the model's forward at every step, tokens equal up to the first near tie), which
-leaves it free to round differently from Hugging Face's kernels.
+leaves it free to round differently from Hugging Face's kernels: there its elementwise work
+(norms with the residual adds, rotary with the cache writes and attention, SiLU) runs in taut's
+compiled kernels (taut.rollout.native) when they can be had.
 
 Rows advance in lockstep: at decode step t every row writes column W + t, where W is the
 (left-padded) prompt width; per-row positions drive the rotary embedding and a per-row mask
@@ -104,10 +106,12 @@ class FastDecoder:
             w = cast(w)
             return torch.ops.mkldnn._reorder_linear_weight(w, 64) if self.packed else w
 
-        # Under bf16, attention (with the rotary and the cache writes) runs in taut's compiled kernel
-        # when it can be had (taut.rollout.native); fp32 keeps sdpa, whose greedy tokens equal
-        # model.generate's.
-        plain = not hasattr(attn, "q_norm") and self.head_dim % 16 == 0 and device == "cpu"
+        # Under bf16 autocast the elementwise work (norms with residual adds, rotary with cache
+        # writes and attention, SiLU) runs in taut's compiled kernels when they can be had
+        # (taut.rollout.native, `_native_step`); fp32 keeps the steps below, whose greedy tokens
+        # equal model.generate's.
+        plain = (not hasattr(attn, "q_norm") and self.head_dim % 16 == 0 and device == "cpu"
+                 and self.inner.norm.weight.dtype == torch.float32)          # fp32 weights, bf16 products
         self.native = native_kernel() if native and plain and low == torch.bfloat16 else None
 
         head, head_bias = _weight(model.lm_head)
@@ -251,18 +255,21 @@ class FastDecoder:
         return self._linear(F.rms_norm(x, (x.shape[-1],), self.inner.norm.weight, self.eps), self.head, self.head_bias)
 
     def _native_step(self, x: torch.Tensor, position: torch.Tensor, t: int) -> torch.Tensor:
-        """The step with attention in taut's kernel: rotary, cache writes and attention for all
-        rows and heads in one call per layer (taut.rollout.native); the rest as in `step`."""
+        """The step with its elementwise work in taut's kernels (taut.rollout.native): per layer,
+        the residual add with the next RMS norm and its cast to bf16 in one pass, rotary with the
+        cache writes and attention in one, SiLU with the product by `up` in one; the products
+        are `step`'s."""
+        native = self.native
         cos, sin = (c.view(-1, self.head_dim).contiguous() for c in self._rotary(position, torch.float32))   # [A, D] fp32
         visible = self.valid if self.padded else self.valid.new_empty(0)
-        width = x.shape[-1]
+        x = x.float().contiguous()                                     # the residual stream, fp32, updated in place
+        nothing = x.new_empty(0, dtype=torch.bfloat16)
+        delta = nothing
         for i, w in enumerate(self.layers):
-            h = F.rms_norm(x, (width,), w["ln1"], self.eps)
+            h = native.add_rms_norm(x, delta, w["ln1"], self.eps)               # x += the last layer's MLP output
             qkv = self._linear(h, w["qkv"], w["qkv_bias"])
-            out = self.native.decode_attention(qkv.contiguous(), cos, sin, self.k[i], self.v[i], visible, t,
-                                               self.n_heads, self.scaling)                   # [A, heads·D]
-            x = x + self._linear(out, w["o"], w["o_bias"])
-            h = F.rms_norm(x, (width,), w["ln2"], self.eps)
-            gate, up = self._linear(h, w["gate_up"]).chunk(2, dim=-1)
-            x = x + self._linear(F.silu(gate) * up, w["down"])
-        return self._finish(x, t)
+            out = native.decode_attention(qkv, cos, sin, self.k[i], self.v[i], visible, t, self.n_heads, self.scaling)
+            h = native.add_rms_norm(x, self._linear(out, w["o"], w["o_bias"]), w["ln2"], self.eps)
+            delta = self._linear(native.silu_mul(self._linear(h, w["gate_up"])), w["down"])
+        self.length = t + 1
+        return self._linear(native.add_rms_norm(x, delta, self.inner.norm.weight, self.eps), self.head, self.head_bias)

@@ -1,19 +1,25 @@
-"""taut's compiled decode kernel (kernels/decode_attention.cpp), built on first use.
+"""taut's compiled decode kernels (kernels/decode_attention.cpp), built on first use.
 
-One decode step's attention for the fast path under bf16: rotary on the new query and key
-heads, the new key and value written into the bf16 cache, and single-query attention over the
-cache for every row and key/value head, in one pass with fp32 arithmetic. It replaces, per
-layer, the rotary kernels, two cache writes and `scaled_dot_product_attention`'s CPU flash
-kernel, which spends most of a step on two tiny oneDNN products per row and head
-(docs/performance.md, "How close generation can come under its exactness test"). It rounds
-differently from Hugging Face's kernels, so the fast path takes it only under bf16, where the
-path is held to the decode contract (taut.rollout.contract); fp32 keeps sdpa and its greedy
-tokens equal to `model.generate`.
+The elementwise work of the fast path's decode step under bf16 autocast, fused:
+
+- `decode_attention`: rotary on the new query and key heads, the new key and value written into
+  the bf16 cache, and single-query attention over the cache for every row and key/value head
+  (its query heads sharing each key and value read), fp32 arithmetic on bf16 inputs (queries
+  rounded to bf16 after the rotary, as the keys are). It replaces, per layer, the rotary kernels,
+  two cache writes and `scaled_dot_product_attention`'s CPU flash kernel, which spends most of a
+  step on two tiny oneDNN products per row and head (docs/performance.md, "How close generation
+  can come under its exactness test").
+- `add_rms_norm`: the residual add, the next RMS norm and its cast to bf16 in one pass.
+- `silu_mul`: SiLU of the gate times `up`, in one pass.
+
+They round differently from Hugging Face's kernels, so the fast path takes them only under bf16
+autocast, where it is held to the decode contract (taut.rollout.contract); fp32 keeps sdpa and
+its greedy tokens equal to `model.generate`.
 
 The extension is compiled with torch's C++ extension builder (a C++ compiler and ninja; the
 `ninja` package is a dependency) into torch's extension cache, keyed by the source's hash, once
 per machine (about 45 s on 2 cores). Without a compiler, or with `TAUT_NATIVE=0`, `kernel()`
-returns None and the fast path keeps sdpa; `reason()` says why.
+returns None and the fast path keeps its torch steps; `reason()` says why.
 """
 
 from __future__ import annotations

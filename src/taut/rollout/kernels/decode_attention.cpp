@@ -1,4 +1,6 @@
-// One decode step's attention for Llama-family layers, fused (taut.rollout.native):
+// The elementwise work of a decode step for Llama-family layers, fused (taut.rollout.native).
+//
+// decode_attention:
 // rotary on the new query and key heads, the new key and value written into the bf16 cache at
 // column t, and single-query attention over columns 0..t for every row and key/value head, the
 // head's G query heads sharing each key and value row read. Arithmetic in fp32 (bf16 inputs
@@ -31,6 +33,7 @@ inline uint16_t narrow(float f) {  // round to nearest even, as torch's float ->
 }
 
 constexpr int64_t LANES = 16;
+constexpr float HIDDEN = -1e30f;   // finite: -ffast-math assumes no infinities
 
 inline float dot(const float* a, const float* b, int64_t D) {
   float part[LANES] = {0};
@@ -93,20 +96,23 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
       for (int64_t d = 0; d < D; ++d) kr[t * D + d] = narrow(k_new[d]);
       std::memcpy(vr + t * D, x + (n_heads + KV + h) * D, sizeof(uint16_t) * D);
       for (int64_t g = 0; g < G; ++g) rotate(x + (h * G + g) * D, c, sg, q.data() + g * D, D);
+      for (int64_t e = 0; e < G * D; ++e) q[e] = widen(narrow(q[e]));   // queries in bf16, as the keys they meet
       const bool* ok = visible ? visible + r * C : nullptr;
       for (int64_t j = 0; j < T; ++j) {
-        if (ok && !ok[j]) continue;                 // a padding column: its weight is set to 0 below
+        if (ok && !ok[j]) {                         // a padding column: a finite score far below any other,
+          for (int64_t g = 0; g < G; ++g) score[g * T + j] = HIDDEN;   // whose exp is exactly 0
+          continue;
+        }
         for (int64_t d = 0; d < D; ++d) row[d] = widen(kr[j * D + d]);
         for (int64_t g = 0; g < G; ++g) score[g * T + j] = dot(q.data() + g * D, row.data(), D) * s;
       }
       for (int64_t g = 0; g < G; ++g) {
         float* p = score.data() + g * T;
         float top = p[t];                           // column t, just written, is always visible
-        for (int64_t j = 0; j < T; ++j)
-          if (!ok || ok[j]) top = p[j] > top ? p[j] : top;
+        for (int64_t j = 0; j < T; ++j) top = std::max(top, p[j]);
         float total = 0;
         for (int64_t j = 0; j < T; ++j) {
-          p[j] = (!ok || ok[j]) ? std::exp(p[j] - top) : 0.0f;
+          p[j] = std::exp(p[j] - top);
           total += p[j];
         }
         const float inv = 1.0f / total;
@@ -129,6 +135,55 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   return out;
 }
 
+// x += delta (in place, fp32), then the RMS norm of x times weight, rounded to bf16 once: a
+// residual add, a norm and the cast for the next product in one pass. delta may be empty (no add).
+torch::Tensor add_rms_norm(torch::Tensor& x, const torch::Tensor& delta, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous float32 [rows, hidden]");
+  const int64_t A = x.size(0), H = x.size(1);
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.numel() == H, "weight: float32 [hidden]");
+  const bool add = delta.numel() > 0;
+  if (add)
+    TORCH_CHECK(delta.scalar_type() == torch::kBFloat16 && delta.is_contiguous() && delta.size(0) == A && delta.size(1) == H,
+                "delta: contiguous bf16 [rows, hidden]");
+  auto out = torch::empty({A, H}, x.options().dtype(torch::kBFloat16));
+  float* xs = x.data_ptr<float>();
+  const auto* ds = add ? reinterpret_cast<const uint16_t*>(delta.data_ptr()) : nullptr;
+  const float* w = weight.data_ptr<float>();
+  auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, A, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* xr = xs + r * H;
+      if (add)
+        for (int64_t i = 0; i < H; ++i) xr[i] += widen(ds[r * H + i]);
+      float sum = 0;
+      for (int64_t i = 0; i < H; ++i) sum += xr[i] * xr[i];
+      const float scale = 1.0f / std::sqrt(sum / static_cast<float>(H) + static_cast<float>(eps));
+      for (int64_t i = 0; i < H; ++i) o[r * H + i] = narrow(xr[i] * scale * w[i]);
+    }
+  });
+  return out;
+}
+
+// silu(gate) * up for gate_up = [gate | up] (bf16 [rows, 2 I]), in fp32, rounded to bf16 once
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == torch::kBFloat16 && gate_up.is_contiguous() &&
+                  gate_up.size(1) % 2 == 0, "gate_up: contiguous bf16 [rows, 2 * intermediate]");
+  const int64_t A = gate_up.size(0), I = gate_up.size(1) / 2;
+  auto out = torch::empty({A, I}, gate_up.options());
+  const auto* in = reinterpret_cast<const uint16_t*>(gate_up.data_ptr());
+  auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
+  at::parallel_for(0, A, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = widen(in[r * 2 * I + i]), u = widen(in[r * 2 * I + I + i]);
+        o[r * I + i] = narrow(g / (1.0f + std::exp(-g)) * u);
+      }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "rotary, cache write and single-query attention for one decode step");
+  m.def("add_rms_norm", &add_rms_norm, "x += delta; RMS norm of x times weight, in bf16");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up, in bf16");
 }
