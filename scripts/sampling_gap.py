@@ -23,6 +23,7 @@ def measure(prompts: int, n: int, tokens: int) -> dict:
     from taut.config import ModelConfig
     from taut.models import load_policy
     from taut.rollout import SamplingParams
+    from taut.rl.objectives import sampling_gap
     from taut.rollout.hf import HFEngine
     from taut.tasks.written import WrittenTask
 
@@ -39,8 +40,8 @@ def measure(prompts: int, n: int, tokens: int) -> dict:
             ids = torch.tensor([list(prompt) + list(tokens_)])
             logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1: -1].float()
             forward = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens_)[:, None])[:, 0]
-            gap = (forward - torch.tensor(rollout)).abs()
-            total, count, worst = total + float(gap.sum()), count + gap.numel(), max(worst, float(gap.max()))
+            gap_sum, gap_max, n_tokens = sampling_gap(forward, torch.tensor(rollout), torch.ones_like(forward))   # the trainer's metric
+            total, count, worst = total + gap_sum, count + n_tokens, max(worst, gap_max)
     return {"gap_mean": total / count, "gap_max": worst, "tokens": count}
 
 

@@ -216,12 +216,12 @@ class FastDecoder:
         t = self.length
         if t == self.valid.shape[1]:
             self._grow()
-        rows, d, kv, groups = tokens.shape[0], self.head_dim, self.n_kv, self.n_heads // self.n_kv
         x = self.inner.embed_tokens(tokens)                                                # [A, H]
         self.valid[:, t] = True
-        width = x.shape[-1]
         if self.native is not None:
             return self._native_step(x, position, t)
+        rows, d, kv, groups = tokens.shape[0], self.head_dim, self.n_kv, self.n_heads // self.n_kv
+        width = x.shape[-1]
         cos, sin = self._rotary(position, x.dtype)                                          # [A, 1, D]
         visible = self.valid[:, : t + 1].view(rows, 1, 1, t + 1) if self.padded else None  # [A, 1, 1, T]
         for i, w in enumerate(self.layers):
@@ -248,11 +248,8 @@ class FastDecoder:
             h = F.rms_norm(x, (width,), w["ln2"], self.eps)
             gate, up = self._linear(h, w["gate_up"]).chunk(2, dim=-1)
             x = x + self._linear(F.silu(gate) * up, w["down"])
-        return self._finish(x, t)
-
-    def _finish(self, x: torch.Tensor, t: int) -> torch.Tensor:
         self.length = t + 1
-        return self._linear(F.rms_norm(x, (x.shape[-1],), self.inner.norm.weight, self.eps), self.head, self.head_bias)
+        return self._linear(F.rms_norm(x, (width,), self.inner.norm.weight, self.eps), self.head, self.head_bias)
 
     def _native_step(self, x: torch.Tensor, position: torch.Tensor, t: int) -> torch.Tensor:
         """The step with its elementwise work in taut's kernels (taut.rollout.native): per layer,
@@ -262,9 +259,8 @@ class FastDecoder:
         native = self.native
         cos, sin = (c.view(-1, self.head_dim).contiguous() for c in self._rotary(position, torch.float32))   # [A, D] fp32
         visible = self.valid if self.padded else self.valid.new_empty(0)
-        x = x.float().contiguous()                                     # the residual stream, fp32, updated in place
-        nothing = x.new_empty(0, dtype=torch.bfloat16)
-        delta = nothing
+        x = x.contiguous()                                            # the residual stream (fp32), updated in place
+        delta = x.new_empty(0, dtype=torch.bfloat16)                  # nothing to add before the first layer
         for i, w in enumerate(self.layers):
             h = native.add_rms_norm(x, delta, w["ln1"], self.eps)               # x += the last layer's MLP output
             qkv = self._linear(h, w["qkv"], w["qkv_bias"])

@@ -46,8 +46,9 @@ inline float dot(const float* a, const float* b, int64_t D) {
 
 // x · cos + rotate_half(x) · sin, with the sign of sin's first half folded in (fast.py, _rotary)
 inline void rotate(const uint16_t* x, const float* cos, const float* signed_sin, float* out, int64_t D) {
-  const int64_t half = D / 2;
-  for (int64_t d = 0; d < D; ++d) out[d] = widen(x[d]) * cos[d] + widen(x[(d + half) % D]) * signed_sin[d];
+  const int64_t half = D / 2;   // the partner of d is d + half in the first half, d - half in the second
+  for (int64_t d = 0; d < half; ++d) out[d] = widen(x[d]) * cos[d] + widen(x[d + half]) * signed_sin[d];
+  for (int64_t d = half; d < D; ++d) out[d] = widen(x[d]) * cos[d] + widen(x[d - half]) * signed_sin[d];
 }
 
 }  // namespace
