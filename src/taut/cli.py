@@ -464,7 +464,8 @@ def bench(ctx: typer.Context,
           quick: Annotated[bool, typer.Option("--quick", help="a few steps per method: a smoke run in minutes")] = False,
           out: OutOpt = None,
           write: Annotated[Optional[Path], typer.Option(metavar="FILE", help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None,
-          suite: Annotated[Optional[str], typer.Option(metavar="SUITE", help="run the suite recipes/bench-SUITE.yaml; writes its BENCHMARKS.md section")] = None):
+          suite: Annotated[Optional[str], typer.Option(metavar="SUITE", help="run the suite recipes/bench-SUITE.yaml; writes its BENCHMARKS.md section")] = None,
+          report_only: Annotated[bool, typer.Option("--report", help="a study suite: write its section from the committed cells, run nothing")] = False):
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
@@ -479,6 +480,14 @@ def bench(ctx: typer.Context,
 
         path = suite_path(suite)
         out = out or Path("runs") / (f"bench-{suite}-quick" if quick else f"bench-{suite}")
+        from taut.bench.study import is_study
+
+        if is_study(path):
+            _study(path, suite, quick, out, write, report_only)
+            return
+        if report_only:
+            err_console.print(f"[red]error:[/red] --report: {path} is not a study recipe (no `study:` key); rerun the suite to report it")
+            raise typer.Exit(2)
         target = write or (None if quick else Path("BENCHMARKS.md"))
         loaded = load_suite(path, quick=quick)
         command = f"taut bench --suite {suite}" + (" --quick" if quick else "") + f" --out {out}"
@@ -509,6 +518,34 @@ def bench(ctx: typer.Context,
                   f"{100 * r['accuracy_change']:+.1f}", f"{100 * r['held_length_change']:+.1f}%", f"{100 * r['held_accuracy_change']:+.1f}")
     out_console.print(t)
     _next(f"results: {out / 'bench.json'}" + (f"; {target}" if target else ""), f"taut compare {out}/<method>/seed<N> ... --out {out}/compare")
+
+
+def _study(path: Path, name: str, quick: bool, out: Path, write: Optional[Path], report_only: bool) -> None:
+    """`taut bench --suite NAME` for a study recipe: the missing cells, then the section."""
+    from taut.bench.study import StudyError, load_study, report, run_study
+
+    study = load_study(path, quick=quick)
+    results = out / "results" if quick else Path(study.results)
+    target = write or (None if quick else Path("BENCHMARKS.md"))
+    command = f"taut bench --suite {name}" + (" --quick" if quick else "")
+    if not report_only:
+        try:
+            run_study(study, results, out)
+        except StudyError as err:
+            err_console.print(f"[red]error:[/red] {err}; rerun the same command: finished cells are kept")
+            raise typer.Exit(1) from None
+    figures = (target.parent / "docs" / "figures") if target is not None else out
+    tables = report(study, results, target, command, figures)
+    t = Table(title=f"bench --suite {name}")
+    for col in ("method", "mode", "seeds", "accuracy (trained)", "tokens", "redundant"):
+        t.add_column(col, justify="right")
+    for mode, m in tables["modes"].items():
+        for method, r in m["rows"].items():
+            a = r["trained_all"]
+            t.add_row(method, mode, str(len(r["seeds"])), "–" if a["accuracy"] is None else f"{a['accuracy']:.3f}",
+                      "–" if a["tokens"] is None else f"{a['tokens']:.0f}", "–" if a["redundancy"] is None else f"{a['redundancy']:.2f}")
+    out_console.print(t)
+    out_console.print(f"results: {results}" + (f"; {target}" if target else ""))
 
 
 @bench_app.command("speed")

@@ -1,0 +1,537 @@
+"""Studies on real weights whose cells are committed: methods × seeds from one SFT-made start, run
+over several sittings, reported from the committed results alone (`taut bench --suite real`).
+
+A study recipe is `recipes/bench-NAME.yaml` with `study: NAME` (a suite recipe has `suite:`):
+
+    study: real                   names the BENCHMARKS.md section it writes
+    title: …
+    prepare: make written-start   the command that builds the start
+    base: builtin:real/…          the recipe every cell is made from (model, data, rl, eval)
+    start: runs/written/sft       the model every cell starts from (a run stands for its chosen checkpoint)
+    results: results/real         one folder per cell, committed: METHOD/seedS/
+    seeds: [0, 1, 2]
+    set: {rl: {steps: 12}}        fields over the base for every cell (the shared rollout budget)
+    evals:                        evaluation modes, each a set of `eval` fields
+      greedy: {temperature: 0, samples: 1}
+    trained: [columns, stories]   the families RL trains on; held_out: evaluated only
+    held_out: [times]
+    gate: gate                    the method set against each of `penalties` on the hardest level
+    penalties: [siri, dapo, dler, alp, gate-off]
+    methods:
+      - name: siri
+        set: {strategy: {name: siri, …}}
+
+A cell is one `taut train` and one `taut eval` per mode, each printed before it runs. Its folder
+holds what the report needs and nothing heavy: the config it ran (config.yaml), its metrics
+(metrics.jsonl), each mode's evaluation (MODE.json), every sample's outcome without its text
+(MODE.outcomes.jsonl.gz: for the efficiency measures) and one response per family and level
+(MODE.examples.jsonl), and its timings (cell.json). A cell whose files are all there is not run
+again; the start is evaluated the same way, once per seed (a seed draws its own test problems, so
+three seeds of 100 problems per level make 300 per method and level, and every method of a seed is
+compared on the same problems). Checkpoints stay under the run folder (runs/…), never committed.
+
+`--report` writes the BENCHMARKS.md section from the committed cells alone, running nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import math
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from taut.config import ConfigError, RunConfig, read_yaml, to_yaml
+from taut.schema import Strict
+
+CELL_FILES = ("config.yaml", "cell.json")
+TEXT_FIELDS = ("text", "scores")          # dropped from the committed outcomes
+EXAMPLE_FIELDS = ("problem_id", "domain", "difficulty", "correct", "length", "redundant_tokens", "necessary_length", "text")
+
+
+class StudyMethod(Strict):
+    name: str
+    set: dict[str, Any] = Field(default_factory=dict, description="run fields over the study's (strategy, phases, …)")
+
+
+class Study(Strict):
+    study: str
+    title: str
+    prepare: str | None = None
+    base: str = Field(description="the recipe every cell is made from")
+    start: str = Field(description="model.path of every cell: the SFT-made start")
+    results: str = Field(description="the committed per-cell folder, relative to the working directory")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    workers: int = Field(1, ge=1, description="cells run side by side, each in its own process")
+    threads: int = Field(1, ge=1, description="model.threads of each cell")
+    set: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict, description="method → fields over its own (for quick runs)")
+    evals: dict[str, dict[str, Any]] = Field(min_length=1)
+    trained: list[str] = Field(min_length=1)
+    held_out: list[str] = Field(default_factory=list)
+    gate: str | None = None
+    penalties: list[str] = Field(default_factory=list)
+    methods: list[StudyMethod] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str                 # "start" for the start's evaluations
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}/seed{self.seed}"
+
+
+def is_study(path: Path) -> bool:
+    raw = read_yaml(path)
+    return isinstance(raw, dict) and "study" in raw
+
+
+def load_study(path: Path, quick: bool = False) -> Study:
+    """The study recipe at `path`, its `quick:` overrides merged in when `quick`."""
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a study recipe is a mapping with study, title, base, start, results and methods")
+    quick_overrides = raw.pop("quick", {}) or {}
+    if quick:
+        raw = merge(raw, quick_overrides)
+    try:
+        study = Study.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{path}{' (quick)' if quick else ''}: {err}") from None
+    names = [m.name for m in study.methods]
+    if "start" in names or len(set(names)) != len(names):
+        raise ConfigError(f"{path}: methods: names must be distinct and not 'start', got {names}")
+    for field, wanted in (("gate", [study.gate] if study.gate else []), ("penalties", study.penalties),
+                          ("overrides", list(study.overrides))):
+        unknown = [n for n in wanted if n not in names]
+        if unknown:
+            raise ConfigError(f"{path}: {field}: no method {', '.join(map(repr, unknown))} (methods: {', '.join(names)})")
+    return study
+
+
+def merge(a: Any, b: Any) -> Any:
+    """`b` over `a`: mappings merged key by key, anything else (lists included) replaced."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(a.get(k), v) if k in a else copy.deepcopy(v)
+        return out
+    return copy.deepcopy(b)
+
+
+def cell_config(study: Study, method: StudyMethod | None, seed: int) -> RunConfig:
+    """The run config of one cell: the base recipe, the study's fields, the method's, the seed,
+    the start and the thread count."""
+    from taut.builtin_recipes import resolve_recipe
+
+    raw = read_yaml(resolve_recipe(study.base))
+    raw = merge(raw, study.set)
+    if method is not None:
+        raw = merge(merge(raw, method.set), study.overrides.get(method.name, {}))
+    if "phases" in raw:                       # a curriculum's steps are its phases'
+        raw.setdefault("rl", {})["steps"] = None
+    raw = merge(raw, {"seed": seed, "model": {"path": study.start, "threads": study.threads}})
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"study {study.study}, method {method.name if method else 'start'}: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# running the cells
+# ---------------------------------------------------------------------------------------------
+
+
+def cell_dir(results: Path, cell: Cell) -> Path:
+    return results / cell.method / f"seed{cell.seed}"
+
+
+def cell_done(study: Study, results: Path, cell: Cell) -> bool:
+    folder = cell_dir(results, cell)
+    wanted = [*CELL_FILES, *(f"{m}.json" for m in study.evals), *(f"{m}.outcomes.jsonl.gz" for m in study.evals)]
+    return all((folder / name).is_file() for name in wanted)
+
+
+def taut_command(*args: str, log: Path) -> float:
+    """Run one taut command (printed first, its output appended to `log`); its wall seconds."""
+    command = [str(Path(sys.executable).parent / "taut"), *args]
+    line = "$ " + " ".join(shlex.quote(a) for a in command)
+    print(line, flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tick = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise StudyError(f"the command above failed (exit {code}); its output: {log}")
+    return time.perf_counter() - tick
+
+
+class StudyError(RuntimeError):
+    """A command of a study cell failed (its output is in the cell's log)."""
+
+
+def run_cell(study: Study, results: Path, runs: Path, cell: Cell) -> dict[str, Any]:
+    """Train (unless it is the start) and evaluate one cell; copy its small files into `results`."""
+    from taut.checkpoint import run_finished
+
+    method = None if cell.method == "start" else next(m for m in study.methods if m.name == cell.method)
+    config = cell_config(study, method, cell.seed)
+    folder, run = cell_dir(results, cell), runs / cell.method / f"seed{cell.seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    run.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "config.yaml"
+    config_path.write_text(to_yaml(config))
+    log = run.parent / f"seed{cell.seed}.log"
+    record: dict[str, Any] = {"method": cell.method, "seed": cell.seed, "threads": study.threads,
+                              "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M")}
+    if method is None:
+        target = study.start
+    else:
+        target = str(run)
+        if not run_finished(run):
+            resume = (run / "checkpoints").is_dir()
+            record["train_seconds"] = taut_command(
+                "train", *(["--resume", str(run)] if resume else ["--config", str(config_path), "--out", str(run)]), log=log)
+            record["resumed"] = resume
+        for name in ("metrics.jsonl", "curriculum.json", "selection.json"):
+            if (run / name).is_file():
+                (folder / name).write_bytes((run / name).read_bytes())
+    record["eval_seconds"] = {}
+    for mode, fields in study.evals.items():
+        out = run / "eval" / f"{mode}.json"
+        if not out.is_file():
+            sets = [a for k, v in fields.items() for a in ("--set", f"eval.{k}={json.dumps(v)}")]
+            record["eval_seconds"][mode] = taut_command("eval", target, "--config", str(config_path), *sets,
+                                                        "--out", str(out), log=log)
+        keep_evaluation(out, folder, mode)
+    previous = folder / "cell.json"
+    if previous.is_file():                     # a cell finished in pieces keeps the pieces' timings
+        old = json.loads(previous.read_text())
+        record = {**old, **{k: v for k, v in record.items() if v not in ({}, None)},
+                  "eval_seconds": {**old.get("eval_seconds", {}), **record["eval_seconds"]}}
+    previous.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def keep_evaluation(report: Path, folder: Path, mode: str) -> None:
+    """Copy an evaluation into the cell's folder: its report, its outcomes without text, one
+    response per family and level."""
+    (folder / f"{mode}.json").write_bytes(report.read_bytes())
+    samples = report.with_suffix(".samples.jsonl")
+    rows = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+    with gzip.open(folder / f"{mode}.outcomes.jsonl.gz", "wt") as f:
+        for row in rows:
+            f.write(json.dumps({k: v for k, v in row.items() if k not in TEXT_FIELDS}) + "\n")
+    seen: set[tuple] = set()
+    with open(folder / f"{mode}.examples.jsonl", "w") as f:
+        for row in rows:
+            key = (row.get("domain"), row.get("difficulty"))
+            if key not in seen:
+                seen.add(key)
+                f.write(json.dumps({k: row.get(k) for k in EXAMPLE_FIELDS}) + "\n")
+
+
+def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
+    """Every cell whose files are missing, `study.workers` at a time; the start's first."""
+    results, runs = Path(results), Path(runs)
+    cells = [Cell("start", s) for s in study.seeds] + [Cell(m.name, s) for s in study.seeds for m in study.methods]
+    todo = [c for c in cells if not cell_done(study, results, c)]
+    print(f"study {study.study}: {len(cells) - len(todo)} of {len(cells)} cells done in {results}; running {len(todo)}",
+          flush=True)
+    if todo and not _start_exists(study.start):
+        hint = f"; build it first: {study.prepare}" if study.prepare else ""
+        raise ConfigError(f"study {study.study}: start {study.start!r} does not exist{hint}")
+    with ThreadPoolExecutor(max_workers=study.workers) as pool:
+        return list(pool.map(lambda c: run_cell(study, results, runs, c), todo))
+
+
+def _start_exists(path: str) -> bool:
+    from taut.models import resolve_model_path
+
+    try:
+        resolve_model_path(path)
+    except FileNotFoundError:
+        return Path(path).is_dir()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the committed cells
+# ---------------------------------------------------------------------------------------------
+
+
+def read_cells(study: Study, results: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """method → seed → {"evals": {mode: report}, "outcomes": {mode: path}, "cell": cell.json} for
+    every complete cell under `results` (incomplete ones are left out)."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in ["start", *(m.name for m in study.methods)]:
+        for seed in study.seeds:
+            cell = Cell(name, seed)
+            if not cell_done(study, results, cell):
+                continue
+            folder = cell_dir(results, cell)
+            out.setdefault(name, {})[seed] = {
+                "evals": {m: json.loads((folder / f"{m}.json").read_text()) for m in study.evals},
+                "outcomes": {m: folder / f"{m}.outcomes.jsonl.gz" for m in study.evals},
+                "cell": json.loads((folder / "cell.json").read_text()),
+            }
+    return out
+
+
+def read_outcomes(path: Path) -> dict[str, list[tuple[int, bool]]]:
+    from taut.evaluate import outcomes
+
+    with gzip.open(path, "rt") as f:
+        return outcomes([json.loads(line) for line in f if line.strip()])
+
+
+def pooled(reports: list[dict], families: list[str], level: int | None) -> dict[str, float | None]:
+    """One method's numbers over its seeds on `families` (at `level`, or every level): means weighted
+    by samples, and the binomial standard error of the pooled accuracy."""
+    cells = [c for r in reports for key, c in r["by_cell"].items()
+             if key.split("/")[0] in families and (level is None or key.split("/")[1] == str(level)) and c.get("n_samples")]
+    n = sum(c["n_samples"] for c in cells)
+    if not n:
+        return {"n": 0, "accuracy": None, "se": None, "tokens": None, "redundancy": None, "necessary": None,
+                "direct": None, "tokens_per_correct": None}
+
+    def wmean(key: str) -> float | None:
+        pairs = [(c[key], c["n_samples"]) for c in cells if c.get(key) is not None]
+        total = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / total if total else None
+
+    accuracy = wmean("accuracy")
+    tokens = wmean("tokens_mean")
+    redundant = wmean("redundant_tokens_mean")
+    thinks = wmean("thinks_rate")
+    return {"n": n, "accuracy": accuracy, "se": math.sqrt(accuracy * (1 - accuracy) / n), "tokens": tokens,
+            "redundancy": None if redundant is None or not tokens else redundant / tokens,
+            "necessary": wmean("necessary_tokens_mean"), "direct": None if thinks is None else 1 - thinks,
+            "tokens_per_correct": tokens / accuracy if accuracy else None}
+
+
+def efficiency(cells: dict[str, dict[int, dict]], mode: str) -> dict[str, dict[str, float]]:
+    """Per method, means over seeds: global overthinking (tokens over the shortest correct
+    response to the same problem among every evaluation of that seed, ThoughtTerminator's O_g)
+    and underthinking (points lost on the problems the start solved; taut.metrics)."""
+    from taut.metrics import overthinking, shortest_correct, underthinking
+
+    per_method: dict[str, list[tuple[float, float]]] = {}
+    seeds = sorted({s for by_seed in cells.values() for s in by_seed})
+    for seed in seeds:
+        present = {m: read_outcomes(by_seed[seed]["outcomes"][mode]) for m, by_seed in cells.items() if seed in by_seed}
+        if "start" not in present:
+            continue
+        shortest = shortest_correct(*present.values())
+        for m, now in present.items():
+            per_method.setdefault(m, []).append((overthinking(now, shortest), 100 * underthinking(present["start"], now)[0]))
+    return {m: {"overthinking": sum(o for o, _ in v) / len(v), "underthinking_pp": sum(u for _, u in v) / len(v)}
+            for m, v in per_method.items()}
+
+
+def compare(a: dict, b: dict) -> dict[str, Any] | None:
+    """a − b in accuracy with the error bar 2·√(SE_a² + SE_b²); it decides when the difference is
+    outside its bar, or when the bar is at most 3 points (a tie that is a result)."""
+    if a["accuracy"] is None or b["accuracy"] is None:
+        return None
+    diff, bar = a["accuracy"] - b["accuracy"], 2 * math.hypot(a["se"], b["se"])
+    return {"difference": diff, "error_bar": bar, "outside": abs(diff) > bar, "decides": abs(diff) > bar or bar <= 0.03,
+            "tokens_a": a["tokens"], "tokens_b": b["tokens"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# the BENCHMARKS.md section
+# ---------------------------------------------------------------------------------------------
+
+
+def _f(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _levels(cells: dict[str, dict[int, dict]]) -> list[int]:
+    return sorted({int(k.split("/")[1]) for by_seed in cells.values() for c in by_seed.values()
+                   for r in c["evals"].values() for k in r["by_cell"]})
+
+
+def study_tables(study: Study, cells: dict[str, dict[int, dict]]) -> dict[str, Any]:
+    """Everything the section shows, as data (also written as study.json)."""
+    levels = _levels(cells)
+    hardest = max(levels) if levels else None
+    methods = [m for m in ["start", *(m.name for m in study.methods)] if m in cells]
+    tables: dict[str, Any] = {"levels": levels, "hardest": hardest, "methods": methods, "modes": {}}
+    for mode in study.evals:
+        rows: dict[str, Any] = {}
+        for m in methods:
+            reports = [c["evals"][mode] for c in cells[m].values()]
+            rows[m] = {"seeds": sorted(cells[m]),
+                       "trained": {lv: pooled(reports, study.trained, lv) for lv in levels},
+                       "trained_all": pooled(reports, study.trained, None),
+                       "held_out": {lv: pooled(reports, study.held_out, lv) for lv in levels} if study.held_out else {},
+                       "held_out_all": pooled(reports, study.held_out, None) if study.held_out else None,
+                       "by_family": {f: {lv: pooled(reports, [f], lv) for lv in levels} for f in [*study.trained, *study.held_out]}}
+        eff = efficiency(cells, mode) if "start" in cells else {}
+        for m, e in eff.items():
+            rows[m]["efficiency"] = e
+        pairs = []
+        if study.gate in rows and hardest is not None:
+            for p in study.penalties:
+                if p in rows:
+                    c = compare(rows[study.gate]["trained"][hardest], rows[p]["trained"][hardest])
+                    if c:
+                        pairs.append({"a": study.gate, "b": p, **c})
+        tables["modes"][mode] = {"rows": rows, "comparisons": pairs, "targets": targets(study, rows, levels)}
+    return tables
+
+
+def targets(study: Study, rows: dict[str, Any], levels: list[int]) -> dict[str, Any]:
+    """Per method: shorter than the start by how much, and whether its accuracy is at least the
+    start's on every trained level (point estimates), and on the evaluation-only family."""
+    start = rows.get("start")
+    out: dict[str, Any] = {}
+    if start is None:
+        return out
+    for m, r in rows.items():
+        if m == "start":
+            continue
+        ok = all(r["trained"][lv]["accuracy"] is not None and start["trained"][lv]["accuracy"] is not None
+                 and r["trained"][lv]["accuracy"] >= start["trained"][lv]["accuracy"] for lv in levels)
+        shorter = 1 - r["trained_all"]["tokens"] / start["trained_all"]["tokens"] if r["trained_all"]["tokens"] else None
+        held = r.get("held_out_all") or {}
+        held_start = start.get("held_out_all") or {}
+        held_shorter = (1 - held["tokens"] / held_start["tokens"]) if held.get("tokens") and held_start.get("tokens") else None
+        held_ok = (held.get("accuracy") is not None and held_start.get("accuracy") is not None
+                   and held["accuracy"] >= held_start["accuracy"])
+        out[m] = {"shorter": shorter, "accuracy_kept": ok, "held_out_shorter": held_shorter, "held_out_accuracy_kept": held_ok}
+    return out
+
+
+def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dict]], command: str,
+            figure: Path | None) -> str:
+    total = len(study.seeds) * (1 + len(study.methods))
+    done = sum(len(v) for v in cells.values())
+    train_minutes = [c["cell"].get("train_seconds", 0) / 60 for m, v in cells.items() if m != "start" for c in v.values()
+                     if c["cell"].get("train_seconds")]
+    eval_minutes = [sum(c["cell"].get("eval_seconds", {}).values()) / 60 for v in cells.values() for c in v.values()]
+    lines = [f"## {study.title}" + ("" if done == total else f" — {done} of {total} cells run"), "",
+             "```", command, "```", "",
+             f"Recipe `recipes/bench-{study.study}.yaml`: {len(study.methods)} methods × {len(study.seeds)} seeds from "
+             f"`{study.start}`" + (f" (built by `{study.prepare}`)" if study.prepare else "") +
+             f", RL on {', '.join(study.trained)}; {', '.join(study.held_out) or 'no family'} evaluated only. "
+             f"Generated from the committed cells under `{study.results}/`; the numbers are measured, not edited.",
+             ""]
+    if train_minutes:
+        lines += [f"Cell time on {study.threads} thread(s): training {min(train_minutes):.0f}–{max(train_minutes):.0f} min, "
+                  f"evaluation {min(eval_minutes):.0f}–{max(eval_minutes):.0f} min.", ""]
+    missing = [f"{m}/seed{s}" for m in ["start", *(x.name for x in study.methods)] for s in study.seeds
+               if s not in cells.get(m, {})]
+    if missing:
+        lines += [f"Not yet run: {', '.join(missing)}.", ""]
+    levels, hardest = tables["levels"], tables["hardest"]
+    for mode, t in tables["modes"].items():
+        rows = t["rows"]
+        lines += [f"### {mode.capitalize()}", "",
+                  "Trained families pooled, per level: accuracy ± standard error / mean tokens / oracle-redundant share of "
+                  "tokens. Accuracy pools every seed's problems (a seed draws its own).", "",
+                  "| method | seeds | " + " | ".join(f"level {lv}" for lv in levels) + " | all levels: tokens | redundant | "
+                  "necessary tokens | tokens per correct | overthinking (O_g) | underthinking |",
+                  "|---|---|" + "---|" * len(levels) + "---|---|---|---|---|---|"]
+        for m, r in rows.items():
+            per_level = " | ".join(f"{_f(r['trained'][lv]['accuracy'])} ± {_f(r['trained'][lv]['se'])} / "
+                                   f"{_f(r['trained'][lv]['tokens'], '.0f')} / {_f(r['trained'][lv]['redundancy'])}" for lv in levels)
+            a, e = r["trained_all"], r.get("efficiency", {})
+            lines.append(f"| {m} | {len(r['seeds'])} | {per_level} | {_f(a['tokens'], '.0f')} | {_f(a['redundancy'])} | "
+                         f"{_f(a['necessary'], '.0f')} | {_f(a['tokens_per_correct'], '.0f')} | {_f(e.get('overthinking'), '.0f')} | "
+                         f"{_f(e.get('underthinking_pp'), '.1f')} pts |")
+        if study.held_out:
+            lines += ["", f"Evaluation-only ({', '.join(study.held_out)}), per level: accuracy ± SE / tokens; and direct "
+                      "answers (no thinking) on the trained families, per level", "",
+                      "| method | " + " | ".join(f"held-out L{lv}" for lv in levels) + " | " +
+                      " | ".join(f"direct L{lv}" for lv in levels) + " |", "|---|" + "---|" * (2 * len(levels))]
+            for m, r in rows.items():
+                lines.append(f"| {m} | " + " | ".join(f"{_f(r['held_out'][lv]['accuracy'])} ± {_f(r['held_out'][lv]['se'])} / "
+                                                    f"{_f(r['held_out'][lv]['tokens'], '.0f')}" for lv in levels) + " | " +
+                             " | ".join(_f(r["trained"][lv]["direct"]) for lv in levels) + " |")
+        if t["comparisons"]:
+            lines += ["", f"The gate against each global penalty, level {hardest} (trained families): a − b in accuracy, "
+                      "error bar 2·√(SE_a² + SE_b²); it decides when the difference is outside the bar or the bar is ≤ 3 points.",
+                      "", "| a | b | difference | error bar | decides | tokens a / b |", "|---|---|---|---|---|---|"]
+            for c in t["comparisons"]:
+                lines.append(f"| {c['a']} | {c['b']} | {100 * c['difference']:+.1f} pts | {100 * c['error_bar']:.1f} pts | "
+                             f"{'yes' + (' (apart)' if c['outside'] else ' (tie)') if c['decides'] else 'no'} | "
+                             f"{_f(c['tokens_a'], '.0f')} / {_f(c['tokens_b'], '.0f')} |")
+        if t["targets"]:
+            lines += ["", "Against the start: shorter by (all trained levels), accuracy at least the start's on every trained "
+                      "level (point estimates), and the same on the evaluation-only family", "",
+                      "| method | shorter | accuracy kept | held-out shorter | held-out accuracy kept |", "|---|---|---|---|---|"]
+            for m, g in t["targets"].items():
+                lines.append(f"| {m} | {_f(None if g['shorter'] is None else 100 * g['shorter'], '.1f')}% | "
+                             f"{'yes' if g['accuracy_kept'] else 'no'} | "
+                             f"{_f(None if g['held_out_shorter'] is None else 100 * g['held_out_shorter'], '.1f')}% | "
+                             f"{'yes' if g['held_out_accuracy_kept'] else 'no'} |")
+        lines.append("")
+    if figure is not None:
+        lines += ["**Accuracy against tokens per level, trained families pooled (± one standard error)**", "",
+                  f"![{study.study} Pareto]({figure})", ""]
+    return "\n".join(lines)
+
+
+def pareto_figure(study: Study, tables: dict[str, Any], path: Path) -> Path | None:
+    """One panel per level and mode: each method's accuracy against its tokens, with error bars."""
+    if not tables["modes"] or not tables["levels"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes, levels = list(tables["modes"]), tables["levels"]
+    panels = [(lv, "trained") for lv in levels] + ([(None, "held_out")] if study.held_out else [])
+    fig, axes = plt.subplots(len(modes), len(panels), figsize=(3.2 * len(panels), 3.0 * len(modes)), squeeze=False)
+    markers = "os^vD<>ph*"
+    for i, mode in enumerate(modes):
+        for j, (lv, part) in enumerate(panels):
+            ax = axes[i][j]
+            for k, (m, r) in enumerate(tables["modes"][mode]["rows"].items()):
+                p = r["held_out_all"] if part == "held_out" else r["trained"][lv]
+                if p is None or p["accuracy"] is None:
+                    continue
+                ax.errorbar(p["tokens"], p["accuracy"], yerr=p["se"], marker=markers[k % len(markers)], capsize=2,
+                            label=m, color="black" if m == "start" else None)
+            ax.set_title(f"{mode}, " + ("held-out, all levels" if part == "held_out" else f"level {lv}"), fontsize=9)
+            ax.set_xlabel("tokens")
+            ax.set_ylabel("accuracy")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(study: Study, results: Path, benchmarks_md: Path | None, command: str, figure_dir: Path) -> dict[str, Any]:
+    """The section from the committed cells: study.json beside them, the figure, BENCHMARKS.md."""
+    from taut.bench.suite import write_section
+
+    cells = read_cells(study, Path(results))
+    tables = study_tables(study, cells)
+    (Path(results) / "study.json").write_text(json.dumps(tables, indent=1, default=str))
+    figure = pareto_figure(study, tables, figure_dir / f"{study.study}-pareto.png") if cells else None
+    if benchmarks_md is not None:
+        link = figure.resolve().relative_to(benchmarks_md.resolve().parent) if figure is not None else None
+        write_section(benchmarks_md, study.study, section(study, tables, cells, command, link))
+    return tables

