@@ -470,3 +470,52 @@ def test_the_chunked_sft_loss_equals_the_full_logits_loss(dtype, model_dir, monk
     assert ga.keys() == gb.keys()
     for name in ga:
         assert torch.allclose(ga[name], gb[name], rtol=tol, atol=tol * ga[name].abs().max()), name
+
+
+def test_a_full_fine_tune_exported_at_low_rank_is_its_base_plus_the_truncated_svd_of_its_change(model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from taut.checkpoint import save_checkpoint
+    from taut.cli import app
+    from taut.models import export_lowrank, load_policy
+
+    config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1})
+    base = {k: v.clone() for k, v in load_policy(config).model.state_dict().items()}
+    tuned = load_policy(config)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in tuned.model.named_parameters():
+            if not name.endswith("bias"):                    # a fine-tune of the weights and the norms
+                p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    checkpoint = save_checkpoint(tmp_path / "full", 1, tuned, {"kind": "sft"})
+    want = tuned.model.state_dict()
+
+    # every rank kept: the fine-tune itself, to half-precision rounding of the factors
+    kept = export_lowrank(checkpoint, tmp_path / "exact", str(model_dir), rank=64, embedding_rank=64)
+    assert all(v == pytest.approx(1.0) for v in kept.values()) and {"q_proj", "down_proj", "lm_head", "embed_tokens"} <= set(kept)
+    exact = load_policy(ModelConfig.model_validate({"path": str(tmp_path / "exact"), "threads": 1})).model.state_dict()
+    bad = {k: float((exact[k] - want[k]).abs().max()) for k in want if not torch.allclose(exact[k], want[k], atol=2e-4)}
+    assert not bad, bad
+
+    # rank 2: each change becomes its best rank-2 approximation (Eckart–Young); norms are whole
+    kept = export_lowrank(checkpoint, tmp_path / "low", str(model_dir), rank=2, embedding_rank=3)
+    assert all(v < 0.9 for v in kept.values())
+    low = load_policy(ModelConfig.model_validate({"path": str(tmp_path / "low"), "threads": 1})).model.state_dict()
+    for key, rank in (("model.layers.0.mlp.down_proj.weight", 2), ("model.embed_tokens.weight", 3), ("lm_head.weight", 2)):
+        u, s, vh = torch.linalg.svd(want[key] - base[key], full_matrices=False)
+        torch.testing.assert_close(low[key] - base[key], (u[:, :rank] * s[:rank]) @ vh[:rank], atol=2e-4, rtol=0)
+    assert torch.allclose(low["model.layers.1.input_layernorm.weight"], want["model.layers.1.input_layernorm.weight"], atol=1e-3)
+
+    # from the command line; a bias the adapter cannot carry, and a missing --base, are refused
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "full"), "--out", str(tmp_path / "cli"), "--base", str(model_dir), "--rank", "4"])
+    assert result.exit_code == 0, result.output
+    assert "share of the fine-tune's change kept" in result.output and (tmp_path / "cli" / "adapter" / "taut-base.json").exists()
+    no_base = CliRunner().invoke(app, ["export", str(tmp_path / "full"), "--out", str(tmp_path / "x"), "--rank", "4"])
+    assert no_base.exit_code == 2 and "--base" in no_base.output
+    no_rank = CliRunner().invoke(app, ["export", str(tmp_path / "full"), "--out", str(tmp_path / "y")])
+    assert no_rank.exit_code == 2 and "--rank R --base MODEL" in no_rank.output
+    with torch.no_grad():
+        tuned.model.model.layers[0].self_attn.q_proj.bias.add_(0.1)
+    biased = save_checkpoint(tmp_path / "biased", 1, tuned, {"kind": "sft"})
+    with pytest.raises(ValueError, match="bias of model.layers.0.self_attn.q_proj changed"):
+        export_lowrank(biased, tmp_path / "z", str(model_dir), rank=2, embedding_rank=2)

