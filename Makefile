@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start
+.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start study-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,3 +78,9 @@ study-arith: $(STAMP)
 
 written-start: $(STAMP)
 	$(BIN)/python scripts/written_start.py --out runs/written --workers 2 --doc
+
+# The real-model study (recipes/bench-real.yaml, docs/real-models.md): eight methods x three seeds
+# from the SmolLM2 overthinker that `make written-start` builds; cells already under results/real
+# are not run again, so it continues over sittings. Then BENCHMARKS.md's section.
+study-real: $(STAMP)
+	$(BIN)/taut bench --suite real
