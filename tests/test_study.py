@@ -120,6 +120,14 @@ def test_the_section_pools_seeds_compares_with_error_bars_and_lists_missing_cell
     assert md.read_text().count("<!-- suite:t -->") == 1
 
 
+def test_a_study_with_no_cell_yet_says_so_and_draws_no_empty_table(tmp_path):
+    study = _study(tmp_path)
+    md = tmp_path / "B.md"
+    st.report(study, Path(study.results), md, "taut bench --suite t", tmp_path / "figures")
+    text = md.read_text()
+    assert "0 of 6 cells run" in text and "No cell has run yet" in text and "| method |" not in text
+
+
 def test_a_tie_within_three_points_decides_and_a_wide_overlap_does_not():
     narrow = {"accuracy": 0.80, "se": 0.005, "tokens": 1.0}
     assert st.compare(narrow, {**narrow, "accuracy": 0.81})["decides"]            # bar 1.4 pts: a tie is a result

@@ -451,7 +451,9 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
     if missing:
         lines += [f"Not yet run: {', '.join(missing)}.", ""]
     levels, hardest = tables["levels"], tables["hardest"]
-    for mode, t in tables["modes"].items():
+    if not cells:
+        lines += ["No cell has run yet: no numbers.", ""]
+    for mode, t in tables["modes"].items() if cells else ():
         rows = t["rows"]
         lines += [f"### {mode.capitalize()}", "",
                   "Trained families pooled, per level: accuracy ± standard error / mean tokens / oracle-redundant share of "
@@ -540,6 +542,7 @@ def report(study: Study, results: Path, benchmarks_md: Path | None, command: str
 
     cells = read_cells(study, Path(results))
     tables = study_tables(study, cells)
+    Path(results).mkdir(parents=True, exist_ok=True)
     (Path(results) / "study.json").write_text(json.dumps(tables, indent=1, default=str))
     figure = pareto_figure(study, tables, figure_dir / f"{study.study}-pareto.png") if cells else None
     if benchmarks_md is not None:
