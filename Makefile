@@ -66,7 +66,7 @@ bench-speed: $(STAMP)
 	$(BIN)/taut bench speed --vs trl
 
 # SmolLM2-135M against TRL, the full protocol: 8 prompts x 8 completions up to 96 tokens, 5 pairs per
-# mode, one timed step after three warm-up steps (a process's heap peaks in about three; docs/performance.md)
+# mode, one timed step after three warm-up steps (a process's heap peaks in about three; docs/performance-log.md)
 bench-speed-real: $(STAMP)
 	$(BIN)/taut bench speed --vs trl --real --warmup 3 --steps 1 --out runs/bench-speed-real.json
 

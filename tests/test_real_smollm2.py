@@ -161,7 +161,7 @@ def test_shared_prompts_are_as_accurate_as_one_forward_per_row(smollm2):
     """rl.share_prompts on the real weights: in fp32 the log-probs of sampled-looking responses
     agree with one forward per row to 1e-4 nats; under bf16 autocast both paths round, and the
     shared one is no farther from fp32 than the per-row one (0.0409 and 0.0408 nats a token on
-    average on the rows measured in docs/performance.md)."""
+    average on the rows measured in docs/performance-log.md)."""
     import random
 
     from taut.rl.logprobs import SequenceBatch, response_logprobs

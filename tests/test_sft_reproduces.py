@@ -21,7 +21,7 @@ def _has_amx() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_has_amx(), reason="the shipped log came from a CPU without AMX (docs/performance.md: bf16 products "
+@pytest.mark.skipif(_has_amx(), reason="the shipped log came from a CPU without AMX (docs/performance-log.md: bf16 products "
                     "as avx512_core_bf16); on an AMX CPU the kernels sum in another order and the loss differs from "
                     "step 100 (1.91483 against 1.91485), deterministically: the same run on any commit since the log")
 def test_sft_recipe_retraces_the_shipped_training_log(tmp_path):

@@ -7,7 +7,7 @@ large tensors every step (logits over the vocabulary, activations kept for the b
 gradients), so each step asks the kernel for its pages again and takes a page fault per 4 KB page
 it writes: on SmolLM2-135M 0.3–2 million faults per update. On this project's CPU machine, a
 virtual machine that reports freed pages to its host, faulting them back in is slow, and keeping
-them made the update 1.6–2.0× as fast (docs/performance.md, "Freed memory kept in the process").
+them made the update 1.6–2.0× as fast (docs/performance-log.md, "Freed memory kept in the process").
 
 `keep_freed_memory()` tells glibc to take every allocation from its heap and not to trim it:
 freed memory goes back to malloc's free lists, not to the kernel. Once the heap has grown to a

@@ -569,7 +569,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL"
                 pairs: Annotated[int, typer.Option(metavar="N", help="interleaved A/B pairs per mode")] = 5,
                 steps: Annotated[int, typer.Option(metavar="N", help="timed steps per run, after the warm-up steps")] = 5,
                 warmup: Annotated[int, typer.Option(metavar="N", help="untimed steps first (a SmolLM2 process's heap reaches its "
-                                                          "peak in about 3: docs/performance.md)")] = 1,
+                                                          "peak in about 3: docs/performance-log.md)")] = 1,
                 threads: Annotated[int, typer.Option(metavar="N")] = 2,
                 max_new_tokens: Annotated[Optional[int], typer.Option(metavar="N", help="default: 128, or 96 with --real")] = None,
                 modes: Annotated[str, typer.Option(metavar="MODES", help="natural,forced")] = "natural,forced",

@@ -95,7 +95,7 @@ class FastDecoder:
         # bf16 products on a CPU with oneDNN: weights reordered once into the layout its matmul
         # kernel reads (as torch.compile's CPU backend does when it freezes weights), where a plain
         # product reorders them at every call: 1.13x the tokens/s at SmolLM2's 64 rows
-        # (docs/performance.md). The same values, bit for bit, at any row count (the 64 below is
+        # (docs/performance-log.md). The same values, bit for bit, at any row count (the 64 below is
         # the reorder's hint; tests/test_rollout_engine.py).
         self.packed = pack and low == torch.bfloat16 and device == "cpu" and torch.backends.mkldnn.is_available()
 

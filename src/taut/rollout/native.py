@@ -7,7 +7,7 @@ The elementwise work of the fast path's decode step under bf16 autocast, fused:
   (its query heads sharing each key and value read), fp32 arithmetic on bf16 inputs (queries
   rounded to bf16 after the rotary, as the keys are). It replaces, per layer, the rotary kernels,
   two cache writes and `scaled_dot_product_attention`'s CPU flash kernel, which spends most of a
-  step on two tiny oneDNN products per row and head (docs/performance.md, "How close generation
+  step on two tiny oneDNN products per row and head (docs/performance-log.md, "How close generation
   can come under its exactness test").
 - `add_rms_norm`: the residual add, the next RMS norm and its cast to bf16 in one pass.
 - `silu_mul`: SiLU of the gate times `up`, in one pass.
