@@ -67,11 +67,12 @@ def _report(acc: dict[tuple[str, int], tuple[float, float, int]]) -> dict:
                         for (f, lv), (a, t, n) in acc.items()}}
 
 
-def _write_cell(results: Path, method: str, seed: int, report: dict, outcomes: list[dict]) -> Path:
+def _write_cell(results: Path, method: str, seed: int, report: dict, outcomes: list[dict], start: str = "s0") -> Path:
     folder = results / method / f"seed{seed}"
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text("seed: 0\n")
-    (folder / "cell.json").write_text(json.dumps({"train_seconds": 600.0, "eval_seconds": {"greedy": 300.0}}))
+    (folder / "cell.json").write_text(json.dumps({"train_seconds": 600.0, "eval_seconds": {"greedy": 300.0},
+                                                  "start_fingerprint": start}))
     (folder / "greedy.json").write_text(json.dumps(report))
     with gzip.open(folder / "greedy.outcomes.jsonl.gz", "wt") as f:
         for row in outcomes:
@@ -136,13 +137,32 @@ def test_a_tie_within_three_points_decides_and_a_wide_overlap_does_not():
     assert not c["outside"] and not c["decides"]
 
 
-def test_done_cells_are_not_run_again(tmp_path, monkeypatch):
-    study = _study(tmp_path, seeds=[0])
+def _start_model(folder: Path, weights: bytes) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(weights)
+    return str(folder)
+
+
+def test_done_cells_are_not_run_again_unless_they_came_from_other_weights(tmp_path, monkeypatch):
+    start = _start_model(tmp_path / "start", b"weights one")
+    study = _study(tmp_path, seeds=[0], start=start)
     results = Path(study.results)
+    fingerprint = st.start_fingerprint(start)
     for method in ("start", "gate", "pen"):
-        _write_cell(results, method, 0, _report({("columns", 1): (1.0, 10.0, 1)}), _outcomes([True], 10))
-    monkeypatch.setattr(st, "taut_command", lambda *a, **k: pytest.fail(f"ran {a}"))
-    assert st.run_study(study, results, tmp_path / "runs") == []
+        _write_cell(results, method, 0, _report({("columns", 1): (1.0, 10.0, 1)}), _outcomes([True], 10), start=fingerprint)
+    ran = []
+    monkeypatch.setattr(st, "run_cell", lambda study, results, runs, cell, start: ran.append((cell.key, start)))
+    assert st.run_study(study, results, tmp_path / "runs") == [] and ran == []
+    # the same name, other weights: every cell is made again from them, and the old ones are not read
+    _start_model(tmp_path / "start", b"weights two")
+    st.run_study(study, results, tmp_path / "runs")
+    assert sorted(k for k, _ in ran) == ["gate/seed0", "pen/seed0", "start/seed0"]
+    assert {fp for _, fp in ran} == {st.start_fingerprint(start)} != {fingerprint}
+    _write_cell(results, "other", 0, _report({}), [], start="elsewhere")
+    mixed = results / "gate" / "seed0" / "cell.json"
+    mixed.write_text(json.dumps({**json.loads(mixed.read_text()), "start_fingerprint": "elsewhere"}))
+    assert set(st.read_cells(study, results)) == {"start", "pen"}          # the gate cell came from other weights
 
 
 def test_a_missing_start_is_named_with_the_command_that_builds_it(tmp_path):

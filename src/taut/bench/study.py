@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import hashlib
 import json
 import math
 import shlex
@@ -163,10 +164,32 @@ def cell_dir(results: Path, cell: Cell) -> Path:
     return results / cell.method / f"seed{cell.seed}"
 
 
-def cell_done(study: Study, results: Path, cell: Cell) -> bool:
+def cell_done(study: Study, results: Path, cell: Cell, start: str | None = None) -> bool:
+    """Whether the cell's files are all there (and, given the start's fingerprint, come from it)."""
     folder = cell_dir(results, cell)
     wanted = [*CELL_FILES, *(f"{m}.json" for m in study.evals), *(f"{m}.outcomes.jsonl.gz" for m in study.evals)]
-    return all((folder / name).is_file() for name in wanted)
+    if not all((folder / name).is_file() for name in wanted):
+        return False
+    return start is None or cell_start(folder) == start
+
+
+def cell_start(folder: Path) -> str | None:
+    return json.loads((folder / "cell.json").read_text()).get("start_fingerprint")
+
+
+def start_fingerprint(path: str) -> str:
+    """A short hash of the start's weights (its model and adapter safetensors): a cell made from
+    other weights under the same name is not this study's."""
+    from taut.models import ADAPTER_DIR, resolve_model_path
+
+    where = Path(resolve_model_path(path))
+    files = [f for f in (where / "model.safetensors", where / ADAPTER_DIR / "adapter_model.safetensors") if f.is_file()]
+    digest = hashlib.blake2b(digest_size=8)
+    for f in files or sorted(p for p in where.rglob("*") if p.is_file()):
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def taut_command(*args: str, log: Path) -> float:
@@ -189,19 +212,28 @@ class StudyError(RuntimeError):
     """A command of a study cell failed (its output is in the cell's log)."""
 
 
-def run_cell(study: Study, results: Path, runs: Path, cell: Cell) -> dict[str, Any]:
-    """Train (unless it is the start) and evaluate one cell; copy its small files into `results`."""
+def run_cell(study: Study, results: Path, runs: Path, cell: Cell, start: str) -> dict[str, Any]:
+    """Train (unless it is the start) and evaluate one cell; copy its small files into `results`.
+    `start` is the start's fingerprint: files and runs made from other weights are discarded."""
+    import shutil
+
     from taut.checkpoint import run_finished
 
     method = None if cell.method == "start" else next(m for m in study.methods if m.name == cell.method)
     config = cell_config(study, method, cell.seed)
     folder, run = cell_dir(results, cell), runs / cell.method / f"seed{cell.seed}"
+    marker = run / "study-start.txt"
+    if (folder / "cell.json").is_file() and cell_start(folder) != start:
+        shutil.rmtree(folder)
+    if run.is_dir() and (not marker.is_file() or marker.read_text().strip() != start):
+        shutil.rmtree(run)
     folder.mkdir(parents=True, exist_ok=True)
     run.mkdir(parents=True, exist_ok=True)
+    marker.write_text(start + "\n")
     config_path = folder / "config.yaml"
     config_path.write_text(to_yaml(config))
     log = run.parent / f"seed{cell.seed}.log"
-    record: dict[str, Any] = {"method": cell.method, "seed": cell.seed, "threads": study.threads,
+    record: dict[str, Any] = {"method": cell.method, "seed": cell.seed, "threads": study.threads, "start_fingerprint": start,
                               "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M")}
     if method is None:
         target = study.start
@@ -262,14 +294,18 @@ def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
     """Every cell whose files are missing, `study.workers` at a time; the start's first."""
     results, runs = Path(results), Path(runs)
     cells = all_cells(study)
-    todo = [c for c in cells if not cell_done(study, results, c)]
-    print(f"study {study.study}: {len(cells) - len(todo)} of {len(cells)} cells done in {results}; running {len(todo)}",
-          flush=True)
-    if todo and not _start_exists(study.start):
-        hint = f"; build it first: {study.prepare}" if study.prepare else ""
-        raise ConfigError(f"study {study.study}: start {study.start!r} does not exist{hint}")
+    if not _start_exists(study.start):
+        todo = [c for c in cells if not cell_done(study, results, c)]
+        if todo:
+            hint = f"; build it first: {study.prepare}" if study.prepare else ""
+            raise ConfigError(f"study {study.study}: start {study.start!r} does not exist{hint}")
+        return []
+    start = start_fingerprint(study.start)
+    todo = [c for c in cells if not cell_done(study, results, c, start)]
+    print(f"study {study.study}: {len(cells) - len(todo)} of {len(cells)} cells done in {results} (start {start}); "
+          f"running {len(todo)}", flush=True)
     with ThreadPoolExecutor(max_workers=study.workers) as pool:
-        return list(pool.map(lambda c: run_cell(study, results, runs, c), todo))
+        return list(pool.map(lambda c: run_cell(study, results, runs, c, start), todo))
 
 
 def _start_exists(path: str) -> bool:
@@ -289,11 +325,15 @@ def _start_exists(path: str) -> bool:
 
 def read_cells(study: Study, results: Path) -> dict[str, dict[int, dict[str, Any]]]:
     """method → seed → {"evals": {mode: report}, "outcomes": {mode: path}, "cell": cell.json} for
-    every complete cell under `results` (incomplete ones are left out)."""
+    every complete cell under `results` made from the same start as the start's cell (incomplete
+    cells, and cells of another start, are left out: listed as not yet run)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for cell in all_cells(study):
-        if not cell_done(study, results, cell):
-            continue
+    complete = [c for c in all_cells(study) if cell_done(study, results, c)]
+    starts = [cell_start(cell_dir(results, c)) for c in complete if c.method == "start"]
+    reference = starts[0] if starts else None
+    for cell in complete:
+        if reference is not None and cell_start(cell_dir(results, cell)) != reference:
+            continue                          # made from other weights than the start's cell: not read
         folder = cell_dir(results, cell)
         out.setdefault(cell.method, {})[cell.seed] = {
             "evals": {m: json.loads((folder / f"{m}.json").read_text()) for m in study.evals},
