@@ -220,11 +220,11 @@ def test_start_redundancy_by_kind_and_level(tmp_path):
 
 
 def test_the_suite_recipe_is_a_bench_recipe():
-    from taut.bench.matrix import load_bench
+    from taut.bench.suite import load_any_bench
 
     path = ROOT / "recipes" / "bench-gate.yaml"
-    assert [m.name for m in load_bench(path).methods] == [m.name for m in load_suite(path).bench.methods]
-    assert len(load_bench(path, quick=True).methods) < len(load_bench(path).methods)
+    assert [m.name for m in load_any_bench(path).methods] == [m.name for m in load_suite(path).bench.methods]
+    assert len(load_any_bench(path, quick=True).methods) < len(load_any_bench(path).methods)
 
 
 def test_guess_stats_count_search_answers_without_steps(tmp_path):

@@ -485,7 +485,8 @@ def bench(ctx: typer.Context,
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
-    from taut.bench.matrix import load_bench, run_bench
+    from taut.bench.matrix import run_bench
+    from taut.bench.suite import load_any_bench
     from taut.builtin_recipes import resolve_recipe
     from taut.rundir import claim_run_dir
 
@@ -520,7 +521,7 @@ def bench(ctx: typer.Context,
         out_console.print(f"results: {out / 'suite.json'}" + (f"; {target}" if target else ""))
         return
 
-    bench_cfg = load_bench(resolve_recipe(config), quick=quick)
+    bench_cfg = load_any_bench(resolve_recipe(config), quick=quick)
     out = out or Path("runs") / ("bench-quick" if quick else "bench")
     command = f"taut bench --config {config}" + (" --quick" if quick else "") + f" --out {out}"
     target = write or (None if quick else Path("BENCHMARKS.md"))

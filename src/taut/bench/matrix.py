@@ -58,11 +58,8 @@ class BenchConfig(Strict):
 
 
 def load_bench(path: Path, quick: bool = False) -> BenchConfig:
+    """A plain bench recipe (a suite recipe, which expands sweeps, loads with taut.bench.suite.load_any_bench)."""
     raw = read_yaml(path)
-    if isinstance(raw, dict) and "suite" in raw:      # a suite recipe (taut.bench.suite): its sweeps expanded
-        from taut.bench.suite import load_suite
-
-        return load_suite(path, quick).bench
     quick_overrides = raw.pop("quick", {})
     if quick:
         raw = {**raw, **quick_overrides}

@@ -52,6 +52,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from taut.bench.suite import write_section
 from taut.config import ConfigError, RunConfig, read_yaml, to_yaml
 from taut.schema import Strict
 
@@ -578,8 +579,6 @@ def pareto_figure(study: Study, tables: dict[str, Any], path: Path) -> Path | No
 
 def report(study: Study, results: Path, benchmarks_md: Path | None, command: str, figure_dir: Path) -> dict[str, Any]:
     """The section from the committed cells: study.json beside them, the figure, BENCHMARKS.md."""
-    from taut.bench.suite import write_section
-
     cells = read_cells(study, Path(results))
     tables = study_tables(study, cells)
     Path(results).mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from taut.bench.matrix import BenchConfig, method_samples_path, timing_note
+from taut.bench.matrix import BenchConfig, load_bench, method_samples_path, run_bench, timing_note
 from taut.builtin_recipes import RECIPES
 from taut.config import ConfigError, read_yaml
 
@@ -115,6 +115,12 @@ def load_suite(path: Path, quick: bool = False) -> Suite:
     return Suite(name, title, bench, tuple(curves), path, prepare, tuple(pairs))
 
 
+def load_any_bench(path: Path, quick: bool = False) -> BenchConfig:
+    """The matrix of a bench recipe or of a suite recipe (its sweeps expanded)."""
+    raw = read_yaml(path)
+    return load_suite(path, quick).bench if isinstance(raw, dict) and "suite" in raw else load_bench(path, quick)
+
+
 def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
     if not isinstance(method, dict) or not isinstance(method.get("name"), str):
         raise ConfigError(f"{where}: expected a mapping with a name, got {method!r}")
@@ -156,7 +162,6 @@ def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
 
 def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str) -> dict[str, Any]:
     """Run the suite's matrix (`run_bench`), then its tables, its figure and its section."""
-    from taut.bench.matrix import run_bench
     from taut.models import resolve_model_path
 
     try:
