@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,27 @@ def _as_os_error(err: Exception, where: Path) -> Exception:
     return OSError(code, os.strerror(code), str(where))
 
 
+def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first tensor holding NaN or infinity, else None.
+
+    A sum is computed per tensor and all are checked with one device sync; a non-finite sum is
+    confirmed element by element, so a finite tensor whose sum merely overflows is not named."""
+    named = [(name, t.detach()) for name, t in named if t.is_floating_point() and t.numel()]
+    if not named:
+        return None
+    device = named[0][1].device
+    sums = torch.stack([t.sum().float().to(device) for _, t in named])          # [N]
+    if bool(torch.isfinite(sums).all()):
+        return None
+    for i in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
+        if not bool(torch.isfinite(named[i][1]).all()):
+            return named[i][0]
+    return None
+
+
 def require_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, step: int | None = None) -> None:
     """Raise `NonFiniteCheckpointError` naming the first parameter (or optimizer state) that
     holds NaN or infinity."""
-    from taut.rl.guard import first_nonfinite
-
     named = [(f"parameter {n}", p) for n, p in model.named_parameters()]
     if optimizer is not None:
         names = {id(p): n for n, p in model.named_parameters()}
