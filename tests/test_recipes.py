@@ -110,10 +110,12 @@ def test_every_strategy_has_a_shipped_recipe():
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipe_micro_run(path, tmp_path):
     kind = recipe_kind(yaml.safe_load(path.read_text()))
-    if kind == "bench":                               # a matrix of runs: it parses, full and quick
-        from taut.bench.matrix import load_bench
+    if kind == "bench":                               # a matrix of runs, or a study of cells: it parses, full and quick
+        from taut.bench.study import is_study, load_study
+        from taut.bench.suite import load_any_bench
 
-        assert load_bench(path).methods and load_bench(path, quick=True).methods
+        load = load_study if is_study(path) else load_any_bench
+        assert load(path).methods and load(path, quick=True).methods
         return
     config = micro_config(path)
     if kind == "sft":
