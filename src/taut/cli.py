@@ -546,8 +546,11 @@ def _study(path: Path, name: str, quick: bool, out: Path, write: Optional[Path],
     target = write or (None if quick else Path("BENCHMARKS.md"))
     command = f"taut bench --suite {name}" + (" --quick" if quick else "")
     if not report_only:
+        from taut.rundir import claim_run_dir
+
         try:
-            run_study(study, results, out)
+            with claim_run_dir(out, resume=True, overwrite=False):      # one study process per run folder
+                run_study(study, results, out)
         except StudyError as err:
             err_console.print(f"[red]error:[/red] {err}; rerun the same command: finished cells are kept")
             raise typer.Exit(1) from None
