@@ -14,6 +14,7 @@ the task's verifier, and summarised as:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections import defaultdict
@@ -147,10 +148,11 @@ def outcomes(samples: list[Sample] | list[dict[str, Any]]) -> dict[str, list[tup
 
 
 def read_outcomes(samples_path: Path) -> dict[str, list[tuple[int, bool]]] | None:
-    """`outcomes` of a samples file written beside an evaluation (`write_report`); None without it."""
+    """`outcomes` of a samples file written beside an evaluation (`write_report`), gzipped or not
+    (a study's committed `*.outcomes.jsonl.gz`); None without it."""
     if not Path(samples_path).is_file():
         return None
-    with open(samples_path) as f:
+    with (gzip.open(samples_path, "rt") if str(samples_path).endswith(".gz") else open(samples_path)) as f:
         return outcomes([json.loads(line) for line in f if line.strip()])
 
 

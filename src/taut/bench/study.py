@@ -344,13 +344,6 @@ def read_cells(study: Study, results: Path) -> dict[str, dict[int, dict[str, Any
     return out
 
 
-def read_outcomes(path: Path) -> dict[str, list[tuple[int, bool]]]:
-    from taut.evaluate import outcomes
-
-    with gzip.open(path, "rt") as f:
-        return outcomes([json.loads(line) for line in f if line.strip()])
-
-
 def pooled(reports: list[dict], families: list[str], level: int | None) -> dict[str, float | None]:
     """One method's numbers over its seeds on `families` (at `level`, or every level): means weighted
     by samples, and the binomial standard error of the pooled accuracy."""
@@ -380,6 +373,7 @@ def efficiency(cells: dict[str, dict[int, dict]], mode: str) -> dict[str, dict[s
     """Per method, means over seeds: global overthinking (tokens over the shortest correct
     response to the same problem among every evaluation of that seed, ThoughtTerminator's O_g)
     and underthinking (points lost on the problems the start solved; taut.metrics)."""
+    from taut.evaluate import read_outcomes
     from taut.metrics import overthinking, shortest_correct, underthinking
 
     per_method: dict[str, list[tuple[float, float]]] = {}
