@@ -186,8 +186,8 @@ def _rewards(task, problem, texts):
     cfg = RLConfig(prompts_per_step=1, group_size=len(texts), max_sampling_rounds=1, dynamic_sampling=False)
     strategy = build_strategy(NoneConfig())
     scripted = _Scripted(texts)
-    out = collect(scripted, scripted, lambda n: [(task, problem)], strategy, build_objective(strategy, cfg).informative,
-                  cfg, step=0, cap=64, generator=None, np_rng=np.random.default_rng(0))
+    out = collect(scripted, scripted, lambda n: [(task, problem)], strategy, build_objective(strategy, cfg.loss).informative,
+                  cfg.sampling, step=0, cap=64, generator=None, np_rng=np.random.default_rng(0))
     return out.rewards[0].tolist(), out.sampled["score"]
 
 

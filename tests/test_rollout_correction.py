@@ -123,7 +123,9 @@ def _update(policy, batch, cfg):
     work = copy.copy(policy)
     work.model = copy.deepcopy(policy.model)
     optimizer = torch.optim.SGD(work.model.parameters(), lr=0.0)      # keeps the weights and .grad
-    metrics = update(work, optimizer, batch, build_objective(build_strategy(NoneConfig()), cfg), cfg, cap=64)
+    objective = build_objective(build_strategy(NoneConfig()), cfg.loss, cfg.adv_norm)
+    plan = objective.plan(batch.reward_matrix(), batch.response_lengths(), 64)
+    metrics = update(work, optimizer, batch, plan, objective, cfg.update)
     return metrics, [p.grad.clone() for p in work.model.parameters()]
 
 

@@ -623,7 +623,7 @@ def test_dynamic_sampling_keeps_a_penalised_mastered_group(config, kept):
     pool = PromptPool([(task, Problem(id=f"p{i}", prompt="q", answer="ok", domain="toy")) for i in range(3)], seed=0)
     cfg = RLConfig(prompts_per_step=3, group_size=4, max_sampling_rounds=1, dynamic_sampling=True)
     strategy = build_strategy(config)
-    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, strategy, build_objective(strategy, cfg).informative, cfg,
+    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, strategy, build_objective(strategy, cfg.loss).informative, cfg.sampling,
                   step=0, cap=8, generator=None, np_rng=np.random.default_rng(0))
     assert [r.tolist() for r in out.rewards] == kept
     assert out.groups_sampled == 3
@@ -653,7 +653,7 @@ def test_partial_scores_are_the_base_reward_and_correct_stays_score_one():
     pool = PromptPool([(_PartialTask(), Problem(id="p0", prompt="q", answer="ok", domain="toy"))], seed=0)
     cfg = RLConfig(prompts_per_step=1, group_size=4, max_sampling_rounds=1, dynamic_sampling=False)
     strategy = build_strategy(NoneConfig())
-    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, strategy, build_objective(strategy, cfg).informative, cfg,
+    out = collect(_WordPolicy(), _ScriptedEngine(scripted), pool.next, strategy, build_objective(strategy, cfg.loss).informative, cfg.sampling,
                   step=0, cap=8, generator=None, np_rng=np.random.default_rng(0))
     assert out.rewards[0].tolist() == [1.0, 0.5, 0.0, 1.0]
     assert out.sampled["correct"] == [True, False, False, True] and out.sampled["score"] == [1.0, 0.5, 0.0, 1.0]

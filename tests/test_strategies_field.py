@@ -163,7 +163,7 @@ def test_dler_advantages_through_the_trainer_objective():
     strategy = build_strategy(DlerConfig())
     rewards = strategy.shape(batch).rewards
     close(rewards, BATCH_REWARDS)
-    plan = build_objective(strategy, RLConfig()).plan(rewards, batch.lengths.flatten(), cap=100)
+    plan = build_objective(strategy, RLConfig().loss).plan(rewards, batch.lengths.flatten(), cap=100)
     std = math.sqrt(1.75 / 12)
     close(plan.advantages, [c / (std + 1e-6) for row in BATCH_CENTRED for c in row])
     assert plan.rows == list(range(8))                                     # the all-correct group adds nothing

@@ -46,7 +46,9 @@ def _grads_after_update(policy, batch, cfg):
     model_policy = copy.copy(policy)
     model_policy.model = copy.deepcopy(policy.model)
     optimizer = torch.optim.SGD(model_policy.model.parameters(), lr=0.0)      # leaves the weights, keeps .grad
-    update(model_policy, optimizer, batch, build_objective(build_strategy(NoneConfig()), cfg), cfg, cap=64)
+    objective = build_objective(build_strategy(NoneConfig()), cfg.loss, cfg.adv_norm)
+    update(model_policy, optimizer, batch, objective.plan(batch.reward_matrix(), batch.response_lengths(), 64), objective,
+           cfg.update)
     return [p.grad.clone() for p in model_policy.model.parameters()]
 
 

@@ -13,6 +13,7 @@ where evaluation allows it).
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
@@ -255,7 +256,6 @@ class RLConfig(Strict):
     rollout_is_cap: float = Field(2.0, gt=1, description="rollout_is: the importance weight's upper bound")
     checkpoint_every: int = Field(50, gt=0)
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
-    log_every: int = Field(1, gt=0)
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf "
                                                            "(each skipped step is undone and counted)")
     undo_nonfinite_steps: bool = Field(
@@ -278,6 +278,64 @@ class RLConfig(Strict):
     def records_rollout_logprobs(self) -> bool:
         """Whether the engine returns sampled tokens' log-probs (to log the gap, or to correct for it)."""
         return self.rollout_logprobs or self.rollout_is != "none"
+
+    # The narrow views each stage of a step reads (taut.rl): sampling, the loss, the update.
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(self.prompts_per_step, self.group_size, self.temperature, self.top_p, self.min_new_tokens,
+                                self.records_rollout_logprobs, self.dynamic_sampling, self.max_sampling_rounds)
+
+    @property
+    def loss(self) -> LossSettings:
+        return LossSettings(self.loss_agg, self.temperature, self.clip_low, self.clip_high, self.kl_coef, self.entropy_coef,
+                            self.rollout_is, self.rollout_is_cap, self.updates_per_batch)
+
+    @property
+    def update(self) -> UpdateSettings:
+        return UpdateSettings(self.updates_per_batch, self.micro_batch_tokens, self.share_prompts, self.grad_clip,
+                              self.entropy_coef > 0, self.rollout_is != "none")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What generating a step's groups reads (`rl.*`)."""
+
+    prompts_per_step: int
+    group_size: int
+    temperature: float
+    top_p: float
+    min_new_tokens: int
+    logprobs: bool                  # the engine returns each sampled token's log-prob
+    dynamic_sampling: bool
+    max_sampling_rounds: int
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What an objective's loss reads (`rl.*`)."""
+
+    loss_agg: str
+    temperature: float              # log π of the distribution the rollouts were sampled from
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    entropy_coef: float
+    rollout_is: str
+    rollout_is_cap: float
+    updates_per_batch: int
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the optimizer step reads (`rl.*`)."""
+
+    updates_per_batch: int
+    micro_batch_tokens: int
+    share_prompts: bool
+    grad_clip: float
+    entropy_grad: bool              # the entropy term has a coefficient: its gradient is needed
+    rollout_is: bool                # the sampling gap is corrected (its truncated share is reported)
 
 
 class EvalConfig(Strict):

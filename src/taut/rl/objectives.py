@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from taut.config import RLConfig
+from taut.config import LossSettings, UpdateSettings
 from taut.length import Strategy
 from taut.metrics import mean
 from taut.models import Policy
@@ -68,42 +68,41 @@ class LossPlan:
 class PolicyGradient:
     """PPO-clip on group-normalised advantages, with optional k3 KL and entropy terms."""
 
-    def __init__(self, cfg: RLConfig, adv_norm: AdvantageNorm):
-        self.cfg = cfg
+    def __init__(self, settings: LossSettings, adv_norm: AdvantageNorm):
+        self.settings = settings
         self.adv_norm = adv_norm
-        self.temperature = cfg.temperature           # log π of the distribution the rollouts were sampled from
-        self.uses_old_logp = cfg.updates_per_batch > 1
-        self.uses_reference = cfg.kl_coef > 0
+        self.temperature = settings.temperature      # log π of the distribution the rollouts were sampled from
+        self.uses_old_logp = settings.updates_per_batch > 1
+        self.uses_reference = settings.kl_coef > 0
 
     def informative(self, rewards: Tensor) -> Tensor:
         """[P] bool: a group teaches something when its shaped rewards are not all equal."""
         return informative_groups(rewards)
 
     def plan(self, rewards: Tensor, lengths: Tensor, cap: int) -> LossPlan:
-        cfg = self.cfg
+        """The advantages (group-normalised shaped rewards) and each rollout's aggregation weight."""
+        s = self.settings
         advantages = group_advantages(rewards, self.adv_norm).flatten()                   # [K*G]
-        weights = aggregation_weights(lengths, cfg.loss_agg, norm_length=cap)
-        extra_terms = cfg.kl_coef > 0 or cfg.entropy_coef > 0
+        weights = aggregation_weights(lengths, s.loss_agg, norm_length=cap)
+        extra_terms = s.kl_coef > 0 or s.entropy_coef > 0
         # rows with zero advantage add nothing without KL/entropy terms
         rows = [i for i in range(len(lengths)) if extra_terms or advantages[i] != 0]
         return LossPlan(rows, weights, advantages)
 
     def loss(self, logp: Tensor, entropy: Tensor, seq: SequenceBatch, plan: LossPlan, idx: Tensor,
-             old_logp: Tensor, ref_logp: Tensor | None, stats: dict[str, float]) -> Tensor:
-        cfg = self.cfg
-        is_weights = None
-        if cfg.rollout_is == "token-truncate":
-            is_weights, truncated = rollout_is_weights(old_logp, seq.rollout_logp, seq.mask, cfg.rollout_is_cap)
-            stats["is_truncated"] += truncated
+             old_logp: Tensor, ref_logp: Tensor | None) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batch's loss and its counts (clipped tokens, KL sum, truncated importance weights)."""
+        s = self.settings
+        is_weights, truncated = None, 0
+        if s.rollout_is == "token-truncate":
+            is_weights, truncated = rollout_is_weights(old_logp, seq.rollout_logp, seq.mask, s.rollout_is_cap)
         terms = clipped_policy_loss(
             logp, old_logp, plan.advantages[idx].to(logp.device), seq.mask, plan.weights[idx].to(logp.device),
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref_logp, kl_coef=cfg.kl_coef,
-            entropy=entropy, entropy_coef=cfg.entropy_coef, is_weights=is_weights,
+            clip_low=s.clip_low, clip_high=s.clip_high, ref_logp=ref_logp, kl_coef=s.kl_coef,
+            entropy=entropy, entropy_coef=s.entropy_coef, is_weights=is_weights,
         )
-        stats["clip_low"] += float(terms.clipped_low.sum())
-        stats["clip_high"] += float(terms.clipped_high.sum())
-        stats["kl_sum"] += float((terms.kl * seq.mask).sum())
-        return terms.loss
+        return terms.loss, {"clip_low": float(terms.clipped_low.sum()), "clip_high": float(terms.clipped_high.sum()),
+                            "kl_sum": float((terms.kl * seq.mask).sum()), "is_truncated": float(truncated)}
 
 
 def rollout_is_weights(old_logp: Tensor, rollout_logp: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, int]:
@@ -135,9 +134,6 @@ class OnPolicySFT:
     uses_old_logp = False
     uses_reference = False
 
-    def __init__(self, cfg: RLConfig):
-        self.cfg = cfg
-
     def informative(self, rewards: Tensor) -> Tensor:
         """[P] bool: a group teaches something when it keeps at least one rollout."""
         return rewards.amax(dim=1) > 0
@@ -150,102 +146,129 @@ class OnPolicySFT:
         return LossPlan(rows, weights, None)
 
     def loss(self, logp: Tensor, entropy: Tensor, seq: SequenceBatch, plan: LossPlan, idx: Tensor,
-             old_logp: Tensor, ref_logp: Tensor | None, stats: dict[str, float]) -> Tensor:
-        return sft_loss(logp, seq.mask, plan.weights[idx].to(logp.device))
+             old_logp: Tensor, ref_logp: Tensor | None) -> tuple[Tensor, dict[str, float]]:
+        return sft_loss(logp, seq.mask, plan.weights[idx].to(logp.device)), {}
 
 
 Objective = PolicyGradient | OnPolicySFT
 
 
-def build_objective(strategy: Strategy, cfg: RLConfig) -> Objective:
+def build_objective(strategy: Strategy, settings: LossSettings, adv_norm: AdvantageNorm | None = None) -> Objective:
+    """The phase's objective: on-policy SFT where the strategy asks for it, else the policy
+    gradient with `adv_norm` (`rl.adv_norm`; default: the strategy's, else group)."""
     if strategy.objective == "sft":
-        return OnPolicySFT(cfg)
-    return PolicyGradient(cfg, resolve_adv_norm(cfg.adv_norm, strategy))
+        return OnPolicySFT()
+    return PolicyGradient(settings, resolve_adv_norm(adv_norm, strategy))
 
 
-def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, objective: Objective, cfg: RLConfig, *,
-           cap: int, reference: torch.nn.Module | None = None, guard: NonFiniteGuard | None = None,
+def no_update() -> dict[str, float | None]:
+    """The loss metrics of a step that trained nothing."""
+    return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0, "rows_trained": 0, "prompts_forwarded": 0}
+
+
+def update(policy: Policy, optimizer: torch.optim.Optimizer, batch: RolloutBatch, plan: LossPlan, objective: Objective,
+           settings: UpdateSettings, *, reference: torch.nn.Module | None = None, guard: NonFiniteGuard | None = None,
            where: str = "") -> dict[str, float | None]:
-    """One or more optimizer updates on the kept groups; returns loss metrics.
+    """`settings.updates_per_batch` optimizer updates on the planned rollouts; returns loss metrics.
 
     With a `guard`, a step whose gradient norm or resulting weights are not finite is undone
     and counted (the guard stops the run after too many in a row); without one, a step with a
     non-finite gradient norm is skipped."""
-    model = policy.model
-    lengths = torch.tensor([len(r) for r in batch.responses])                          # [K*G]
-    plan = objective.plan(torch.stack(batch.rewards), lengths, cap)                    # rewards [K, G]
     if not plan.rows:                         # nothing to learn from this batch
-        return dict.fromkeys(LOSS_METRICS, None) | {"loss": 0.0, "skipped": 0.0, "rows_trained": 0, "prompts_forwarded": 0}
-
-    share = cfg.share_prompts and shares_prompts(model)        # a prompt's G rollouts: one forward of the prompt
-    if share:
-        groups = shared_micro_batches([tuple(batch.prompts[i]) for i in plan.rows], [len(batch.responses[i]) for i in plan.rows],
-                                      cfg.micro_batch_tokens)
-    else:
-        groups = micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in plan.rows], cfg.micro_batch_tokens)
-    chunks = [[plan.rows[j] for j in mb] for mb in groups]
-    sampled = batch.rollout_logp
-    sequences = {tuple(c): SequenceBatch.build([batch.prompts[i] for i in c], [batch.responses[i] for i in c], policy.pad_id, model.device,
-                                               rollout_logp=None if sampled is None else [sampled[i] for i in c], share_prompts=share)
-                 for c in chunks}
-    T = objective.temperature
+        return no_update()
+    sequences = micro_batch_sequences(policy, batch, plan.rows, settings)
     old_logp = {}
     if objective.uses_old_logp:
         with torch.no_grad(), policy.autocast():
-            old_logp = {key: response_logprobs(model, seq, temperature=T)[0] for key, seq in sequences.items()}
-
-    stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0.0, "kl_sum": 0.0, "clip_low": 0.0, "clip_high": 0.0, "forward_time": 0.0,
-             "is_truncated": 0.0}
-    gap_sum, gap_max, gap_tokens = 0.0, 0.0, 0
+            old_logp = {key: response_logprobs(policy.model, seq, temperature=objective.temperature)[0]
+                        for key, seq in sequences.items()}
+    totals: dict[str, float] = {}
     grad_norms, skipped = [], 0
-    for update_index in range(cfg.updates_per_batch):
+    for update_index in range(settings.updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for key, seq in sequences.items():
-            idx = torch.tensor(key)
-            t_forward = time.perf_counter()
-            with policy.autocast():
-                logp, entropy = response_logprobs(model, seq, with_entropy=True, temperature=T,     # [n, Tr]
-                                                   entropy_grad=cfg.entropy_coef > 0)
-            stats["forward_time"] += time.perf_counter() - t_forward
-            if update_index == 0 and seq.rollout_logp is not None:       # the policy that sampled, as the trainer computes it
-                total, worst, count = sampling_gap(old_logp.get(key, logp), seq.rollout_logp, seq.mask)
-                gap_sum, gap_max, gap_tokens = gap_sum + total, max(gap_max, worst), gap_tokens + count
-            ref_logp = None
-            if reference is not None:
-                with torch.no_grad(), policy.autocast():
-                    ref_logp = response_logprobs(reference, seq, temperature=T)[0]
-            loss = objective.loss(logp, entropy, seq, plan, idx, old_logp.get(key, logp.detach()), ref_logp, stats)
-            loss.backward()
-            stats["loss"] += loss.item()
-            stats["entropy_sum"] += float((entropy.detach() * seq.mask).sum())
-            stats["tokens"] += float(seq.mask.sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        if guard is not None:
-            applied = guard.step(grad_norm, where=where)
-        elif torch.isfinite(grad_norm):
-            optimizer.step()
-            applied = True
-        else:
-            optimizer.zero_grad(set_to_none=True)
-            applied = False
-        if not applied:                               # a non-finite step is skipped and counted
+            counts = accumulate(policy, seq, key, plan, objective, settings, old_logp.get(key), reference,
+                                first=update_index == 0)
+            for name, value in counts.items():
+                totals[name] = max(totals.get(name, 0.0), value) if name == "gap_max" else totals.get(name, 0.0) + value
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), settings.grad_clip)
+        if optimizer_step(optimizer, grad_norm, guard, where):
+            grad_norms.append(grad_norm.item())
+        else:                                         # a non-finite step is skipped and counted
             skipped += 1
-            continue
-        grad_norms.append(grad_norm.item())
-    tokens = max(1.0, stats["tokens"])
+    return loss_metrics(totals, grad_norms, skipped, settings, plan, sequences)
+
+
+def micro_batch_sequences(policy: Policy, batch: RolloutBatch, rows: list[int], settings: UpdateSettings) -> dict[tuple, SequenceBatch]:
+    """The planned rollouts as micro-batches of similar length (a prompt's rollouts together when
+    the model can share its prompt), keyed by their rows."""
+    model = policy.model
+    share = settings.share_prompts and shares_prompts(model)   # a prompt's G rollouts: one forward of the prompt
+    if share:
+        groups = shared_micro_batches([tuple(batch.prompts[i]) for i in rows], [len(batch.responses[i]) for i in rows],
+                                      settings.micro_batch_tokens)
+    else:
+        groups = micro_batches([len(batch.prompts[i]) + len(batch.responses[i]) for i in rows], settings.micro_batch_tokens)
+    chunks = [[rows[j] for j in mb] for mb in groups]
+    sampled = batch.rollout_logp
+    return {tuple(c): SequenceBatch.build([batch.prompts[i] for i in c], [batch.responses[i] for i in c], policy.pad_id,
+                                          model.device, rollout_logp=None if sampled is None else [sampled[i] for i in c],
+                                          share_prompts=share)
+            for c in chunks}
+
+
+def accumulate(policy: Policy, seq: SequenceBatch, key: tuple, plan: LossPlan, objective: Objective, settings: UpdateSettings,
+               old_logp: Tensor | None, reference: torch.nn.Module | None, first: bool) -> dict[str, float]:
+    """Forward and backward one micro-batch (its gradient adds to the step's); its counts."""
+    idx = torch.tensor(key)
+    T = objective.temperature
+    tick = time.perf_counter()
+    with policy.autocast():
+        logp, entropy = response_logprobs(policy.model, seq, with_entropy=True, temperature=T,     # [n, Tr]
+                                          entropy_grad=settings.entropy_grad)
+    counts = {"forward_time": time.perf_counter() - tick}
+    if first and seq.rollout_logp is not None:        # the policy that sampled, as the trainer computes it
+        total, worst, n = sampling_gap(logp if old_logp is None else old_logp, seq.rollout_logp, seq.mask)
+        counts |= {"gap_sum": total, "gap_tokens": float(n), "gap_max": worst}
+    ref_logp = None
+    if reference is not None:
+        with torch.no_grad(), policy.autocast():
+            ref_logp = response_logprobs(reference, seq, temperature=T)[0]
+    loss, terms = objective.loss(logp, entropy, seq, plan, idx, logp.detach() if old_logp is None else old_logp, ref_logp)
+    loss.backward()
+    return counts | terms | {"loss": loss.item(), "entropy_sum": float((entropy.detach() * seq.mask).sum()),
+                             "tokens": float(seq.mask.sum())}
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, grad_norm: Tensor, guard: NonFiniteGuard | None, where: str) -> bool:
+    """Apply the accumulated gradient unless it (or, with a guard, the step's result) is not finite."""
+    if guard is not None:
+        return guard.step(grad_norm, where=where)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+        return True
+    optimizer.zero_grad(set_to_none=True)
+    return False
+
+
+def loss_metrics(totals: dict[str, float], grad_norms: list[float], skipped: int, settings: UpdateSettings, plan: LossPlan,
+                 sequences: dict[tuple, SequenceBatch]) -> dict[str, float | None]:
+    """The step's loss metrics line from the micro-batches' summed counts."""
+    tokens = max(1.0, totals.get("tokens", 0.0))
+    gap_tokens = totals.get("gap_tokens", 0.0)
     return {
-        "loss": stats["loss"] / cfg.updates_per_batch,
+        "loss": totals.get("loss", 0.0) / settings.updates_per_batch,
         "grad_norm": mean(grad_norms) if grad_norms else float("nan"),
-        "entropy": stats["entropy_sum"] / tokens,
-        "kl": stats["kl_sum"] / tokens,
-        "clip_low_frac": stats["clip_low"] / tokens,
-        "clip_high_frac": stats["clip_high"] / tokens,
+        "entropy": totals.get("entropy_sum", 0.0) / tokens,
+        "kl": totals.get("kl_sum", 0.0) / tokens,
+        "clip_low_frac": totals.get("clip_low", 0.0) / tokens,
+        "clip_high_frac": totals.get("clip_high", 0.0) / tokens,
         "skipped": float(skipped),
-        "logprob_time": stats["forward_time"],
+        "logprob_time": totals.get("forward_time", 0.0),
         "rows_trained": len(plan.rows),           # rollouts forwarded (those with zero advantage add nothing)
         "prompts_forwarded": sum(len(seq.prompt_ids) if seq.prompt_index is not None else len(seq.prompt_lens)
                                  for seq in sequences.values()),      # a shared prompt counts once per micro-batch
-        "sampling_gap": gap_sum / gap_tokens if gap_tokens else None,
-        "sampling_gap_max": gap_max if gap_tokens else None,
-        "is_truncated_frac": stats["is_truncated"] / tokens if cfg.rollout_is != "none" else None,
+        "sampling_gap": totals["gap_sum"] / gap_tokens if gap_tokens else None,
+        "sampling_gap_max": totals.get("gap_max") if gap_tokens else None,
+        "is_truncated_frac": totals.get("is_truncated", 0.0) / tokens if settings.rollout_is else None,
     }

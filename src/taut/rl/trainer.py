@@ -52,7 +52,7 @@ from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load, after_pool
 from taut.rl.data import Sampler, build_pool
 from taut.rl.guard import NonFiniteGuard
-from taut.rl.objectives import LOSS_METRICS, build_objective, update
+from taut.rl.objectives import LOSS_METRICS, Objective, build_objective, update
 from taut.rl.rollouts import RolloutBatch, collect
 from taut.rollout import RolloutEngine, build_engine
 from taut.runlog import MetricsLog, StepProgress, console
@@ -108,6 +108,11 @@ class Run:
         self.tracker.load_state_dict(state["mastery"])
         self.sampler.rng.bit_generator.state = state["sampler_rng"]
         self.np_rng.bit_generator.state = state["np_rng"]
+
+    def record_mastery(self, group_pass: list[tuple[str, float]]) -> None:
+        """Each sampled group's pass rate enters its prompt's mastery history."""
+        for pid, rate in group_pass:
+            self.tracker.record(pid, self.step, rate)
 
     def commit(self, run_dir: Path, policy: Policy, optimizer, log: MetricsLog) -> Path:
         """Save the weights, optimizer and this state as the checkpoint of the current step."""
@@ -173,132 +178,166 @@ def train_rl(config: RunConfig, run_dir: Path, resume: bool = False, quiet: bool
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with Heartbeat(run_dir, "train") as heartbeat:
-        return _train_rl(config, run_dir, resume, quiet, stop, heartbeat)
+        t = Trainer.open(config, run_dir, resume, quiet, stop, heartbeat)
+        plan = config.plan()
+        with t.trackers, StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, t.run.step) as bar:
+            while t.run.phase_index < len(plan):
+                checkpoint = train_phase(t, plan[t.run.phase_index], bar)
+                if stop and t.run.phase_index < len(plan):
+                    raise Preempted(stop.signal_name, t.run.step, checkpoint, resume_command("train", run_dir))
+        return t.finish()
 
 
-def _train_rl(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
-              heartbeat: Heartbeat) -> Path:
-    cfg = config.rl
-    plan = config.plan()
+class Trainer:
+    """What every step of a run uses: the policy, its optimizer and engine, the validator, the
+    guard, the metrics log; and the run's state (`Run`). `open` builds it fresh or exactly where
+    the latest intact checkpoint left it; `commit` is a step's commit point."""
 
-    # ---- policy, optimizer and run state: fresh, or exactly where the latest intact checkpoint left them
-    if resume:
-        remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
-    ckpt = latest_intact_checkpoint(run_dir) if resume else None
-    if resume and ckpt is None:
-        console.print(f"[yellow]no checkpoint in {run_dir} yet: starting from the beginning[/yellow]")
-    if ckpt is not None:
-        policy = resume_policy(config.model, ckpt)
+    def __init__(self, config: RunConfig, run_dir: Path, policy: Policy, optimizer, run: Run, engine: RolloutEngine,
+                 validator: Validator | None, guard: NonFiniteGuard, log: MetricsLog, trackers, heartbeat: Heartbeat,
+                 stop: StopRequest | None, quiet: bool):
+        self.config, self.cfg, self.run_dir = config, config.rl, run_dir
+        self.policy, self.optimizer, self.run, self.engine = policy, optimizer, run, engine
+        self.validator, self.guard, self.log, self.trackers = validator, guard, log, trackers
+        self.heartbeat, self.stop, self.quiet = heartbeat, stop, quiet
+        self.last_progress: dict[str, Any] = {}          # the progress bar's fields of the latest step
+
+    @classmethod
+    def open(cls, config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
+             heartbeat: Heartbeat) -> "Trainer":
+        cfg = config.rl
+        if resume:
+            remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
+        ckpt = latest_intact_checkpoint(run_dir) if resume else None
+        if resume and ckpt is None:
+            console.print(f"[yellow]no checkpoint in {run_dir} yet: starting from the beginning[/yellow]")
+        if ckpt is not None:
+            policy = resume_policy(config.model, ckpt)
+        else:
+            (run_dir / "config.yaml").write_text(to_yaml(config))
+            policy = load_policy(config.model, seed=config.seed)
+        after_load(config, "train", policy)           # every rollout cap against the model's context
+        model = policy.model
+        model.train()
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        prompt_limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, cfg.max_new_tokens)
+        run = Run(config, model.device, prompt_limit)
+        after_pool(config, policy, [p.prompt for _, p in run.pool.items])     # prompts_per_step; memory with its longest prompt
+        if ckpt is not None:
+            load_optimizer(optimizer, ckpt)
+            load_generators(ckpt, {"sampling": run.generator})
+            run.load_state_dict(read_state(ckpt)["run"])
+            if run.phase_index >= len(config.plan()) and not run.reopen_finished_phase(config.plan()) and not quiet:
+                console.print(f"{run_dir}: already finished at step {run.step}; nothing to train "
+                              f"(raise rl.steps or add phases with --set to continue it)")
+        trackers = open_trackers(config, run_dir, resume_step=run.step if ckpt is not None else None)
+        log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None, forward=trackers.log)
+        engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode, logprobs=cfg.records_rollout_logprobs)
+        validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
+        guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps, section="rl")
+        guard.consecutive = run.nonfinite_in_a_row
+        heartbeat.beat(run.step)
+        return cls(config, run_dir, policy, optimizer, run, engine, validator, guard, log, trackers, heartbeat, stop, quiet)
+
+    def commit(self, failpoint: str | None = None) -> Path:
+        """The commit point: after the metrics lines, the checkpoint that covers them."""
+        if failpoint:
+            failpoints.reach(failpoint, self.run.step)
+        return self.run.commit(self.run_dir, self.policy, self.optimizer, self.log)
+
+    def commit_step(self, record: dict[str, Any], periodic: bool) -> None:
+        """Write the step's metrics line; checkpoint when the step is periodic, validated or stopped."""
+        self.log.write(record)
+        failpoints.reach("step-logged", self.run.step)
+        self.heartbeat.beat(self.run.step)
+        if periodic or self.stop:
+            checkpoint = self.commit()
+            prune(self.run_dir, self.cfg.keep_checkpoints, self.run)
+            if self.stop:
+                raise Preempted(self.stop.signal_name, self.run.step, checkpoint, resume_command("train", self.run_dir))
+
+    def finish(self) -> Path:
+        """Select the checkpoint the run stands for; write curriculum.json; return it."""
+        run, run_dir = self.run, self.run_dir
+        if latest_checkpoint(run_dir) is None:                 # a run of zero steps: its start
+            self.commit()
+        if run.candidates:
+            candidates = [Candidate(**c) for c in run.candidates]
+            chosen = select(candidates, self.config.selection, candidates[0].accuracy)
+            write_json_atomic(run_dir / SELECTION, {"checkpoint": chosen.checkpoint, "rule": self.config.selection.model_dump(),
+                                                    "candidate": chosen.to_dict()})
+        write_curriculum(run_dir, self.config, run, finished=True)
+        final = chosen_checkpoint(run_dir)
+        if not self.quiet:
+            console.print(f"rl: {run.step} steps; the run's checkpoint: [bold]{final}[/bold]")
+        return final
+
+
+def train_phase(t: Trainer, phase: PhaseConfig, bar: StepProgress) -> Path:
+    """The phase's steps, until its plan ends or a collapse detector trips; then its end, committed
+    (its checkpoint is returned)."""
+    run = t.run
+    run.strategy = build_strategy(phase.strategy)
+    run.sampler.config = phase.sampler
+    objective = build_objective(run.strategy, t.cfg.loss, t.cfg.adv_norm)
+    if run.phase_started:
+        run.strategy.load_state_dict(run.strategy_state)
     else:
-        (run_dir / "config.yaml").write_text(to_yaml(config))
-        policy = load_policy(config.model, seed=config.seed)
-    after_load(config, "train", policy)           # every rollout cap against the model's context
-    model = policy.model
-    model.train()
-    if cfg.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    prompt_limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, cfg.max_new_tokens)
-    run = Run(config, model.device, prompt_limit)
-    after_pool(config, policy, [p.prompt for _, p in run.pool.items])     # prompts_per_step; memory with its longest prompt
-    if ckpt is not None:
-        load_optimizer(optimizer, ckpt)
-        load_generators(ckpt, {"sampling": run.generator})
-        run.load_state_dict(read_state(ckpt)["run"])
-        if run.phase_index >= len(plan) and not run.reopen_finished_phase(plan) and not quiet:
-            console.print(f"{run_dir}: already finished at step {run.step}; nothing to train "
-                          f"(raise rl.steps or add phases with --set to continue it)")
-    trackers = open_trackers(config, run_dir, resume_step=run.step if ckpt is not None else None)
-    log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None, forward=trackers.log)
-    engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode, logprobs=cfg.records_rollout_logprobs)
-    validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
-    guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps, section="rl")
-    guard.consecutive = run.nonfinite_in_a_row
-    heartbeat.beat(run.step)
+        start_phase(run, phase, t.validator, t.log)
+        t.commit("phase-start")                                  # also the KL reference's weights
+    reference = load_reference(t.config, t.run_dir, run.reference) if objective.uses_reference else None
+    detectors = CollapseDetectors(phase.stop, None)
+    detectors.load_state_dict(run.detectors)
+    end = run.phase_start_step + phase.steps
+    trip: Trip | None = None
+    while run.step < end and trip is None:
+        trip = train_step(t, phase, objective, reference, detectors, end)
+        bar.update(run.step, **t.last_progress, phase=phase.name)
+    end_phase(run, phase, trip, t.run_dir, t.policy, t.optimizer, t.engine, t.log)
+    checkpoint = t.commit("phase-end")
+    write_curriculum(t.run_dir, t.config, run)
+    return checkpoint
 
-    with trackers, StepProgress(config.rl_steps(), "rl " + "→".join(p.name for p in plan), quiet, run.step) as bar:
-        while run.phase_index < len(plan):
-            phase = plan[run.phase_index]
-            run.strategy = build_strategy(phase.strategy)
-            run.sampler.config = phase.sampler
-            objective = build_objective(run.strategy, cfg)
-            if run.phase_started:
-                run.strategy.load_state_dict(run.strategy_state)
-            else:
-                start_phase(run, phase, validator, log)
-                failpoints.reach("phase-start", run.step)
-                run.commit(run_dir, policy, optimizer, log)           # also the KL reference's weights
-            reference = load_reference(config, run_dir, run.reference) if objective.uses_reference else None
-            detectors = CollapseDetectors(phase.stop, None)
-            detectors.load_state_dict(run.detectors)
-            end = run.phase_start_step + phase.steps
-            trip: Trip | None = None
 
-            while run.step < end and trip is None:
-                t_step = time.perf_counter()
-                step_in_phase = run.step - run.phase_start_step
-                lr = set_lr(optimizer, phase.lr or cfg.lr, run.step, cfg.warmup_steps)
-                cap = run.strategy.cap(step_in_phase, cfg.max_new_tokens)
+def train_step(t: Trainer, phase: PhaseConfig, objective: Objective, reference: torch.nn.Module | None,
+               detectors: CollapseDetectors, end: int) -> Trip | None:
+    """One RL step: generate and grade → shape → drop uninformative groups → advantages →
+    update → observe and validate → commit. Returns the detector that tripped, if one did."""
+    run, cfg, tick = t.run, t.cfg, time.perf_counter()
+    step_in_phase = run.step - run.phase_start_step
+    lr = set_lr(t.optimizer, phase.lr or cfg.lr, run.step, cfg.warmup_steps)
+    cap = run.strategy.cap(step_in_phase, cfg.max_new_tokens)
 
-                # ---- rollouts, grades, shaped rewards -----------------------------------------
-                batch = collect(policy, engine, run.sampler, run.strategy, objective.informative, cfg, step=step_in_phase,
-                                cap=cap, generator=run.generator, np_rng=run.np_rng)
-                for pid, rate in batch.group_pass:
-                    run.tracker.record(pid, run.step, rate)
+    batch = collect(t.policy, t.engine, run.sampler, run.strategy, objective.informative, cfg.sampling,   # generate, grade,
+                    step=step_in_phase, cap=cap, generator=run.generator, np_rng=run.np_rng)            # shape, drop
+    run.record_mastery(batch.group_pass)
+    t_update = time.perf_counter()
+    if batch.rewards:
+        plan = objective.plan(batch.reward_matrix(), batch.response_lengths(), cap)                     # advantages
+        losses = update(t.policy, t.optimizer, batch, plan, objective, cfg.update, reference=reference,  # the update
+                        guard=t.guard, where=f"step {run.step + 1}")
+    else:
+        losses = dict.fromkeys(LOSS_METRICS, None) | {"skipped": 0.0}
+    run.nonfinite_in_a_row = t.guard.consecutive
+    t.engine.sync_weights()
+    t_update = time.perf_counter() - t_update
+    run.step += 1
 
-                # ---- update -------------------------------------------------------------------
-                t_update = time.perf_counter()
-                losses = (update(policy, optimizer, batch, objective, cfg, cap=cap, reference=reference, guard=guard,
-                                 where=f"step {run.step + 1}") if batch.rewards
-                          else dict.fromkeys(LOSS_METRICS, None) | {"skipped": 0.0})
-                run.nonfinite_in_a_row = guard.consecutive
-                engine.sync_weights()
-                t_update = time.perf_counter() - t_update
-                run.step += 1
+    trip = detectors.observe_step(run.step, losses.get("entropy"), losses.get("grad_norm"))          # observe
+    validation: dict[str, float] = {}
+    if t.validator and (run.step % t.config.validation.every == 0 or run.step == end):               # validate
+        validation = t.validator()
+        add_candidate(run, phase, validation)
+        trip = trip or detectors.observe_validation(run.step, validation["val_accuracy"])
+    run.detectors = detectors.state_dict()
 
-                # ---- observe: detectors, validation -------------------------------------------
-                trip = detectors.observe_step(run.step, losses.get("entropy"), losses.get("grad_norm"))
-                validation: dict[str, float] = {}
-                if validator and (run.step % config.validation.every == 0 or run.step == end):
-                    validation = validator()
-                    add_candidate(run, phase, validation)
-                    trip = trip or detectors.observe_validation(run.step, validation["val_accuracy"])
-                run.detectors = detectors.state_dict()
-
-                # ---- commit: the metrics line, then the checkpoint that covers it ----------------
-                record = step_record(run, phase, batch, losses, validation, cap=cap, lr=lr)
-                record |= {"step_time": time.perf_counter() - t_step, "update_time": t_update}
-                log.write(record)
-                failpoints.reach("step-logged", run.step)
-                bar.update(run.step, reward=record["reward"], acc=record["accuracy"], len=record["length_mean"], cap=cap,
-                           phase=phase.name)
-                heartbeat.beat(run.step)
-                if validation or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None) or stop:
-                    checkpoint = run.commit(run_dir, policy, optimizer, log)
-                    prune(run_dir, cfg.keep_checkpoints, run)
-                    if stop:
-                        raise Preempted(stop.signal_name, run.step, checkpoint, resume_command("train", run_dir))
-
-            end_phase(run, phase, trip, run_dir, policy, optimizer, engine, log)
-            failpoints.reach("phase-end", run.step)
-            checkpoint = run.commit(run_dir, policy, optimizer, log)
-            write_curriculum(run_dir, config, run)
-            if stop and run.phase_index < len(plan):
-                raise Preempted(stop.signal_name, run.step, checkpoint, resume_command("train", run_dir))
-
-    # ---- the checkpoint the run stands for ---------------------------------------------------
-    if latest_checkpoint(run_dir) is None:                 # a run of zero steps: its start
-        run.commit(run_dir, policy, optimizer, log)
-    if run.candidates:
-        candidates = [Candidate(**c) for c in run.candidates]
-        chosen = select(candidates, config.selection, candidates[0].accuracy)
-        write_json_atomic(run_dir / SELECTION, {"checkpoint": chosen.checkpoint, "rule": config.selection.model_dump(),
-                                                "candidate": chosen.to_dict()})
-    write_curriculum(run_dir, config, run, finished=True)
-    final = chosen_checkpoint(run_dir)
-    if not quiet:
-        console.print(f"rl: {run.step} steps; the run's checkpoint: [bold]{final}[/bold]")
-    return final
+    record = step_record(run, phase, batch, losses, validation, cap=cap, lr=lr)                       # commit
+    record |= {"step_time": time.perf_counter() - tick, "update_time": t_update}
+    t.last_progress = {"reward": record["reward"], "acc": record["accuracy"], "len": record["length_mean"], "cap": cap}
+    t.commit_step(record, periodic=bool(validation) or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None))
+    return trip
 
 
 # ---------------------------------------------------------------------------------------------
