@@ -40,7 +40,7 @@ def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: i
 
     from taut.bench.speed import REAL_TASK, Workload, _prompts
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
     from taut.rollout import SamplingParams
     from taut.rollout.hf import HFEngine
 
@@ -71,7 +71,7 @@ def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> di
 
     from taut.bench.speed import REAL_TASK, Workload, _prompts
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
     from taut.rollout import SamplingParams, fast
     from taut.rollout.hf import HFEngine
 

@@ -30,7 +30,7 @@ def run_one(head: str, entropy_grad: bool, rows: int, prompt: int, response: int
 
     import taut.rl.logprobs as logprobs
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     torch.set_num_threads(threads)
     if head == "full":

@@ -39,7 +39,7 @@ def load_configs():
     import yaml
 
     from taut.config import RunConfig, apply_override
-    from taut.models import packaged_gguf
+    from taut.models.gguf import packaged_gguf
     from taut.tasks import load_task
 
     configs = {}
@@ -63,7 +63,7 @@ def decode_parity() -> dict[str, str]:
     import torch
 
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
     from taut.rollout import SamplingParams, build_engine
 
     policy = load_policy(ModelConfig(path=MODEL, device="cuda", dtype="bfloat16"))

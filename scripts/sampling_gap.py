@@ -21,7 +21,7 @@ def measure(prompts: int, n: int, tokens: int) -> dict:
     import torch
 
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
     from taut.rollout import SamplingParams
     from taut.rl.objectives import sampling_gap
     from taut.rollout.hf import HFEngine

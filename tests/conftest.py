@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_policy():
     """A randomly initialised testbed model (Qwen2 architecture, 0.53M parameters)."""
-    from taut.models import build_testbed_model
+    from taut.models.testbed import build_testbed_model
 
     return build_testbed_model("tiny", seed=0)
 
@@ -19,7 +19,7 @@ def tiny_policy():
 def sft_policy():
     """The shipped SFT checkpoint of the testbed (TAUT_TEST_MODEL points elsewhere when set)."""
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     return load_policy(ModelConfig(path=os.environ.get("TAUT_TEST_MODEL", "builtin:testbed-sft")))
 

@@ -15,7 +15,7 @@ import pytest
 PROBE = """
 import json, resource, torch
 from taut.config import ModelConfig
-from taut.models import load_policy
+from taut.models.loading import load_policy
 
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -51,7 +51,7 @@ def test_a_cpu_policy_keeps_freed_memory_so_reallocating_it_faults_nothing():
 TRIM_PROBE = """
 import ctypes, json
 from taut.config import ModelConfig
-from taut.models import load_policy
+from taut.models.loading import load_policy
 
 load_policy(ModelConfig(preset="tiny", device="cpu"))
 libc = ctypes.CDLL(None)

@@ -19,7 +19,7 @@ PROMPTS = ["sum 3 9 1 4 = <think> 3", "chain 3 + 5 * 2 - 4 = <think> 3", "add 47
 @pytest.fixture(scope="module")
 def bf16_policy():
     from taut.config import ModelConfig
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     return load_policy(ModelConfig(path="builtin:testbed-sft", dtype="bf16-mixed", threads=1))
 

@@ -2,7 +2,7 @@
 
 from taut.config import EvalConfig, ModelConfig
 from taut.evaluate import generate_and_grade
-from taut.models import load_policy
+from taut.models.loading import load_policy
 from taut.tasks import load_task
 
 

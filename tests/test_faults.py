@@ -249,7 +249,7 @@ def test_first_nonfinite_names_the_tensor_and_ignores_a_sum_that_merely_overflow
 
 
 def test_a_checkpoint_is_never_written_from_non_finite_weights(tmp_path):
-    from taut.models import build_testbed_model
+    from taut.models.testbed import build_testbed_model
 
     policy = build_testbed_model("tiny", seed=0)
     optimizer = torch.optim.AdamW(policy.model.parameters())
@@ -298,7 +298,7 @@ def test_config_defaults_and_zero_steps():
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
     """A run directory with checkpoints at steps 1 and 2 (optimizer state included)."""
-    from taut.models import build_testbed_model
+    from taut.models.testbed import build_testbed_model
 
     run = tmp_path_factory.mktemp("run")
     policy = build_testbed_model("tiny", seed=0)
@@ -347,7 +347,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_naming_the_damage(kin
     assert chosen.name == "step-000001"
     assert f"step-000002: {problem}" in caplog.text
     assert read_state(chosen)["note"] == 1                     # and it loads
-    from taut.models import build_testbed_model
+    from taut.models.testbed import build_testbed_model
 
     load_optimizer(torch.optim.AdamW(build_testbed_model("tiny", seed=0).model.parameters()), chosen)
 

@@ -58,7 +58,7 @@ def run_grpo(output_dir, *, per_device: int, steps: int, gather: bool = True, se
     """A few GRPO steps of the tiny testbed model with a mastery-gated reward under a SIRI cap."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from taut.models import build_testbed_model
+    from taut.models.testbed import build_testbed_model
     from taut.tasks import load_task
 
     policy = build_testbed_model("tiny", seed=seed)
@@ -127,7 +127,7 @@ def test_grpo_trainer_follows_the_schedule_and_taut_shapes_the_rewards(tmp_path,
 
 
 def test_reward_and_verifier_are_picklable_and_check_their_inputs():
-    from taut.models import build_testbed_model
+    from taut.models.testbed import build_testbed_model
     from taut.tasks import load_task
 
     eos = build_testbed_model("tiny").tokenizer.eos_token_id

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from taut.models import build_testbed_model
+from taut.models.testbed import build_testbed_model
 from taut.rl.logprobs import SequenceBatch, _decoder_and_head, response_logprobs
 from wide import assert_same_gradients, weighted_gradients, wide_llama as _wide_llama
 

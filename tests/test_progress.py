@@ -97,7 +97,7 @@ def test_eval_progress_names_the_checkpoint_and_the_task(tmp_path):
 def test_the_gguf_readers_bar_is_off_without_a_terminal(capsys):
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-    from taut.models import gguf_progress_on_terminals_only
+    from taut.models.gguf import gguf_progress_on_terminals_only
 
     list(gguf_utils.tqdm(range(3), desc="Converting"))                 # the library's bar, even into a pipe
     assert "Converting" in capsys.readouterr().err

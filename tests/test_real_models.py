@@ -92,7 +92,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def test_hub_id_resolves_from_the_local_cache_with_its_chat_template(hub_cache):
-    from taut.models import load_policy, resolve_model_path
+    from taut.models.loading import load_policy, resolve_model_path
 
     assert "snapshots/0123abcd" in resolve_model_path(hub_cache)
     policy = load_policy(ModelConfig(path=hub_cache, threads=1))
@@ -109,7 +109,7 @@ def test_hub_id_resolves_from_the_local_cache_with_its_chat_template(hub_cache):
 
 
 def test_missing_hub_model_names_the_download_command(hub_cache):
-    from taut.models import resolve_model_path
+    from taut.models.loading import resolve_model_path
 
     with pytest.raises(FileNotFoundError, match="huggingface-cli download org/absent"):
         resolve_model_path("org/absent")
@@ -194,7 +194,8 @@ def test_lora_checkpoint_is_merged_and_resumes_from_its_adapter(model_dir, tmp_p
     from transformers import AutoModelForCausalLM
 
     from taut.checkpoint import load_optimizer, save_checkpoint
-    from taut.models import load_policy, restore_weights, resume_policy
+    from taut.checkpoint import restore_weights
+    from taut.models.loading import load_policy, resume_policy
     from taut.rollout import SamplingParams, build_engine
 
     config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "lora": LORA})
@@ -244,7 +245,8 @@ def test_an_exported_adapter_is_a_model_its_base_plus_the_adapter_merged(model_d
     import json
 
     from taut.checkpoint import save_checkpoint
-    from taut.models import export_adapter, load_policy
+    from taut.models.export import export_adapter
+    from taut.models.loading import load_policy
 
     config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "lora": LORA})
     policy = load_policy(config)
@@ -338,7 +340,9 @@ def test_checkpoint_tokenizer_round_trips_through_auto_tokenizer(source, model_d
     otherwise, which drops the testbed's words (`add`, `<think>`) and generates garbage."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from taut.models import TOKENIZER_PROBES, build_testbed_model, load_policy, save_policy
+    from taut.checkpoint import save_policy, TOKENIZER_PROBES
+    from taut.models.loading import load_policy
+    from taut.models.testbed import build_testbed_model
 
     policy = build_testbed_model("tiny") if source == "testbed" else load_policy(ModelConfig(path=str(model_dir)))
     save_policy(policy, tmp_path / "ckpt")
@@ -359,7 +363,8 @@ def test_checkpoint_tokenizer_round_trips_through_auto_tokenizer(source, model_d
 def test_the_shipped_testbed_checkpoint_loads_with_auto_tokenizer():
     from transformers import AutoTokenizer
 
-    from taut.models import ASSETS, load_tokenizer
+    from taut.models.loading import load_tokenizer
+    from taut.models.testbed import ASSETS
 
     ours = load_tokenizer(str(ASSETS / "testbed-sft"))
     auto = AutoTokenizer.from_pretrained(ASSETS / "testbed-sft")
@@ -377,7 +382,7 @@ def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir
     """rl.activation_checkpointing and sft.activation_checkpointing recompute each decoder layer in
     the backward: every metrics line (loss, gradient norm, rewards, lengths) and the final weights
     are those of the run without it (in RL, with share_prompts off, which checkpointing implies)."""
-    import taut.models
+    import taut.models.policy
     import taut.rl.trainer
     import taut.sft
     from taut.rl.trainer import train_rl
@@ -386,8 +391,8 @@ def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir
     checkpointed = []                       # the decoder layers really recompute: the runs below differ in that
 
     def enable(model):
-        taut.models.enable_activation_checkpointing(model)
-        layers = taut.models.unwrap(model).model.layers
+        taut.models.policy.enable_activation_checkpointing(model)
+        layers = taut.models.policy.unwrap(model).model.layers
         checkpointed.append(all(layer.gradient_checkpointing for layer in layers))
 
     monkeypatch.setattr(taut.rl.trainer, "enable_activation_checkpointing", enable)
@@ -418,7 +423,7 @@ def test_activation_checkpointing_changes_no_number_of_rl_or_sft(lora, model_dir
 def test_a_fresh_lora_adapter_is_drawn_from_the_run_seed_alone(model_dir):
     """The adapter's initial A matrices come from `seed`, not from whatever the process drew
     before: two loads with one seed give the same adapter, another seed another one."""
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "lora": LORA})
 
@@ -442,7 +447,7 @@ def test_the_chunked_sft_loss_equals_the_full_logits_loss(dtype, model_dir, monk
     its loss and gradients are those of cross-entropy over the model's full logits, to rounding
     (fp32: 1e-5 relative; bf16 autocast: 1e-2, the precision of the head's bf16 products)."""
     import taut.sft as sft
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     policy = load_policy(ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "dtype": dtype}), seed=0)
     torch.manual_seed(0)
@@ -477,7 +482,8 @@ def test_a_full_fine_tune_exported_at_low_rank_is_its_base_plus_the_truncated_sv
 
     from taut.checkpoint import save_checkpoint
     from taut.cli import app
-    from taut.models import export_lowrank, load_policy
+    from taut.models.export import export_lowrank
+    from taut.models.loading import load_policy
 
     config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1})
     base = {k: v.clone() for k, v in load_policy(config).model.state_dict().items()}

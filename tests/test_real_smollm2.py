@@ -30,7 +30,7 @@ NEW_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def gguf_file() -> Path:
-    from taut.models import packaged_gguf
+    from taut.models.gguf import packaged_gguf
 
     return packaged_gguf(SMOLLM2)
 
@@ -38,7 +38,7 @@ def gguf_file() -> Path:
 @pytest.fixture(scope="module")
 def smollm2():
     """The converted model as a policy, fp32 on the CPU."""
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     return load_policy(ModelConfig(path=SMOLLM2, device="cpu", dtype="float32"))
 
@@ -55,7 +55,8 @@ def test_the_packaged_file_is_found_without_importing_the_package(gguf_file):
 @pytest.mark.parametrize("keep, message", [(4000, "unreadable GGUF header"), (1_900_000, "truncated or corrupt|truncated: its tensor data"),
                                            (0, "not a GGUF file")])
 def test_bad_or_truncated_gguf_is_refused_with_the_reason(gguf_file, tmp_path, monkeypatch, keep, message):
-    from taut.models import GGUFError, resolve_model_path
+    from taut.models.gguf import GGUFError
+    from taut.models.loading import resolve_model_path
 
     monkeypatch.setenv("TAUT_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "bad.gguf"
@@ -77,7 +78,8 @@ def test_bad_or_truncated_gguf_is_refused_with_the_reason(gguf_file, tmp_path, m
 
 @pytest.mark.slow
 def test_conversion_is_cached_and_keeps_the_architecture(smollm2):
-    from taut.models import GGUF_RECORD, resolve_model_path
+    from taut.models.gguf import GGUF_RECORD
+    from taut.models.loading import resolve_model_path
 
     folder = Path(resolve_model_path(SMOLLM2))
     assert Path(smollm2.source) == folder and (folder / GGUF_RECORD).exists()
@@ -127,7 +129,7 @@ def test_decode_greedy_tokens_equal_model_generate(dtype, fast_path):
     to the decode contract instead (taut.rollout.contract, the test below): a different attention
     kernel or norm rounds differently and flips near-tied tokens; padding changes the rounding too,
     so each case is compared with `model.generate` on the same batch."""
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
     from taut.rollout import SamplingParams
     from taut.rollout.hf import HFEngine
 
@@ -184,7 +186,7 @@ def test_shared_prompts_are_as_accurate_as_one_forward_per_row(smollm2):
 def test_checkpoint_tokenizer_round_trips_through_auto_tokenizer(smollm2, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from taut.models import TOKENIZER_PROBES, save_policy
+    from taut.checkpoint import save_policy, TOKENIZER_PROBES
 
     save_policy(smollm2, tmp_path / "ckpt")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
@@ -250,7 +252,7 @@ def test_the_bf16_decode_contract_holds_on_real_weights(path):
     """taut.rollout.contract on SmolLM2-135M under bf16 autocast: every step's logits within the
     stated tolerance of the model's forward, tokens equal to Hugging Face's up to the first near tie
     (measured 4.0 units at most over 24 steps, 2026-12-06)."""
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
     from taut.rollout import fast
     from taut.rollout.contract import TOLERANCE_ULPS, check
     from taut.rollout.hf import _HFCache

@@ -119,7 +119,7 @@ def test_recipe_micro_run(path, tmp_path):
         return
     config = micro_config(path)
     if kind == "sft":
-        from taut.models import load_policy
+        from taut.models.loading import load_policy
         from taut.sft import train_sft
 
         start = {k: v.detach().clone() for k, v in load_policy(config.model, seed=config.seed).model.state_dict().items()}
@@ -160,7 +160,7 @@ def test_every_recipe_and_builtin_name_the_docs_give_exists():
 
     from taut.builtin_recipes import resolve_recipe
     from taut.tasks.files import SHIPPED_DATA
-    from taut.models import ASSETS
+    from taut.models.testbed import ASSETS
 
     root = Path(__file__).resolve().parent.parent
     docs = [root / "README.md", *sorted((root / "docs").glob("*.md"))]

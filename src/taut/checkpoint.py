@@ -21,6 +21,11 @@ ms; a 7B model with its optimizer state: minutes). Checkpoints written before
 manifests existed are checked by structure only (required files present, safetensors headers
 consistent with the file sizes, JSON files parse).
 
+All weight persistence is here: `save_policy` (a policy in Hugging Face layout, a LoRA policy
+merged plus its adapter, the tokenizer pinned so `AutoTokenizer` loads it back) and
+`restore_weights` (a checkpoint's weights into the running policy: a rollback). Loading a
+policy to train or evaluate is `taut.models.loading`'s.
+
 A checkpoint is never written from non-finite weights or optimizer state
 (`NonFiniteCheckpointError`): a NaN checkpoint would be resumed from, and fail, forever.
 """
@@ -41,7 +46,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
 from taut import failpoints
+from taut.models.policy import ADAPTER_DIR, BASE_FILE, Policy, is_lora, merged_state_dict
 
 CHECKPOINTS = "checkpoints"
 SELECTION = "selection.json"
@@ -77,13 +86,11 @@ def is_checkpoint_name(name: str) -> bool:
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    policy,
+    policy: Policy,
     state: dict[str, Any],
     optimizer: torch.optim.Optimizer | None = None,
     generators: dict[str, torch.Generator] | None = None,
 ) -> Path:
-    from taut.models import save_policy
-
     require_finite(policy.model, optimizer, step)
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -116,6 +123,87 @@ def save_checkpoint(
         os.rename(tmp, final)
     _fsync_dir(root)
     return final
+
+
+def save_policy(policy: Policy, directory: Path) -> None:
+    """Hugging Face layout with safetensors: `AutoModelForCausalLM.from_pretrained(directory)` loads it.
+    A LoRA policy is saved merged, plus its adapter in `adapter/` to resume training from."""
+    hf_logging.disable_progress_bar()
+    directory = Path(directory)
+    model = policy.model
+    if is_lora(model):
+        model.get_base_model().save_pretrained(directory, state_dict=merged_state_dict(model))
+        model.save_pretrained(directory / ADAPTER_DIR)
+        (directory / ADAPTER_DIR / BASE_FILE).write_text(json.dumps(policy.lora_base, indent=1))
+    else:
+        model.save_pretrained(directory)
+    policy.tokenizer.save_pretrained(directory)
+    pin_tokenizer(policy.tokenizer, directory)
+
+
+TOKENIZER_PROBES = ("add 3 4 = <think> 1 2 ; </think> answer 7 <eos>",
+                    "Hello, world! 12+7=19.\n\\boxed{x^2} <answer>19</answer>")
+
+
+KEEP_SAVED_TOKENIZER = {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}
+
+
+def pin_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Make `AutoTokenizer.from_pretrained(directory)` load the tokenizer that was saved there.
+
+    transformers 5 picks the tokenizer class from the model type for some types (qwen2 among
+    them) even when `tokenizer_config.json` names another: a saved plain `tokenizers` backend
+    then comes back as `Qwen2Tokenizer`, which rebuilds a byte-level BPE pipeline around the
+    vocabulary — the testbed's word-level tokenizer loses `add`, `<think>`, … and the model
+    reads garbage. An `auto_map` entry in `tokenizer_config.json` keeps the saved backend for
+    those types (without `trust_remote_code`). Checked by loading it back; raises when even
+    that does not give the same tokens.
+    """
+    directory = Path(directory)
+    if _auto_tokenizer_matches(tokenizer, directory):
+        return
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["auto_map"] = KEEP_SAVED_TOKENIZER
+    config_file.write_text(json.dumps(config, indent=2))
+    if not _auto_tokenizer_matches(tokenizer, directory):
+        raise RuntimeError(f"AutoTokenizer.from_pretrained({str(directory)!r}) does not load the tokenizer saved there "
+                           f"({type(tokenizer).__name__}); load it with taut.models.loading.load_tokenizer")
+
+
+def _auto_tokenizer_matches(tokenizer: PreTrainedTokenizerBase, directory: Path) -> bool:
+    loaded = AutoTokenizer.from_pretrained(directory)
+    for text in TOKENIZER_PROBES:
+        ids = tokenizer(text).input_ids
+        if loaded(text).input_ids != ids or loaded.decode(ids) != tokenizer.decode(ids):
+            return False
+    return len(loaded) == len(tokenizer) and loaded.chat_template == tokenizer.chat_template
+
+
+def restore_weights(policy: Policy, checkpoint: Path) -> None:
+    """Load a checkpoint's trained weights into the running policy (a rollback): the adapter
+    of a LoRA policy, else every weight."""
+    checkpoint = Path(checkpoint)
+    model = policy.model
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        weights = load_file(str(checkpoint / ADAPTER_DIR / "adapter_model.safetensors"), device=str(model.device))
+        result = set_peft_model_state_dict(model, weights)
+        if result.unexpected_keys:
+            raise RuntimeError(f"checkpoint {checkpoint} does not match the adapter: unexpected {result.unexpected_keys}")
+        return
+    weights = {}
+    index = checkpoint / "model.safetensors.index.json"
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    for shard in shards:
+        weights.update(load_file(str(checkpoint / shard), device=str(model.device)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {missing}, unexpected {unexpected}")
+    if tied:
+        model.tie_weights()
 
 
 def _as_os_error(err: Exception, where: Path) -> Exception:

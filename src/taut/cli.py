@@ -335,7 +335,9 @@ def export(target: Annotated[Path, typer.Argument(metavar="RUN", help="a run (th
     """Write a run as an adapter on its base (a few MB): `model.path: DIR` loads the base with it merged.
     A LoRA run's adapter is copied; a full fine-tune is cut to `--rank` (docs/real-models.md)."""
     from taut.checkpoint import chosen_checkpoint
-    from taut.models import ADAPTER_DIR, adapter_base, export_adapter, export_lowrank
+    from taut.models.export import export_adapter, export_lowrank
+    from taut.models.lora import adapter_base
+    from taut.models.policy import ADAPTER_DIR
 
     kept = None
     try:

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from taut.config import EvalConfig
 from taut.metrics import histogram, mean, overthinking, pass_at_k, percentile, tokens_per_correct
-from taut.models import Policy
+from taut.models.policy import Policy
 from taut.rollout import RolloutEngine, Rollouts, SamplingParams, build_engine
 from taut.tasks import Problem, Task
 from taut.tasks.base import OracleTask

@@ -76,7 +76,7 @@ def needs(config: RunConfig) -> Iterator[tuple[str, str, str]]:
 
 
 def shipped_adapter_base(path: str) -> str | None:
-    """The base model path of a built-in model shipped as a LoRA adapter (taut.models.adapter_base),
+    """The base model path of a built-in model shipped as a LoRA adapter (taut.models.lora.adapter_base),
     read without importing torch; None for any other model."""
     import json
     from pathlib import Path

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal
 from taut.config import LoraConfig, ModelConfig, ReasoningGymTaskConfig, RunConfig, TaskSpec
 
 if TYPE_CHECKING:
-    from taut.models import Policy
+    from taut.models.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class ModelShape:
     @classmethod
     def of_policy(cls, policy: Policy) -> ModelShape:
         """The shape of a loaded policy, its parameters counted (the base model's, under LoRA)."""
-        from taut.models import unwrap
+        from taut.models.policy import unwrap
 
         base = unwrap(policy.model)
         parameters = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
@@ -117,11 +117,11 @@ class ModelShape:
 def read_shape(model: ModelConfig) -> ModelShape:
     """The size of the model `model` names, from files only; `ShapeUnknown` where that needs loading it."""
     if model.preset is not None:
-        from taut.models import PRESETS
+        from taut.models.testbed import PRESETS
         from taut.tasks.gym.vocab import VOCAB
 
         cfg = {**PRESETS[model.preset], "vocab_size": len(VOCAB), "max_position_embeddings": 512,
-               "tie_word_embeddings": True, "model_type": "qwen2"}         # taut.models.build_testbed_model
+               "tie_word_embeddings": True, "model_type": "qwen2"}         # taut.models.testbed.build_testbed_model
         return ModelShape.from_config(cfg, None, f"model.preset={model.preset}")
     directory = _model_dir(model.path)
     cfg = json.loads((directory / "config.json").read_text())
@@ -130,7 +130,9 @@ def read_shape(model: ModelConfig) -> ModelShape:
 
 def _model_dir(path: str) -> Path:
     from taut.checkpoint import CheckpointError, chosen_checkpoint
-    from taut.models import PACKAGED_PREFIX, adapter_base, resolve_model_path
+    from taut.models.gguf import PACKAGED_PREFIX
+    from taut.models.loading import resolve_model_path
+    from taut.models.lora import adapter_base
 
     try:
         if path.startswith(PACKAGED_PREFIX) or path.lower().endswith(".gguf"):
@@ -145,9 +147,9 @@ def _model_dir(path: str) -> Path:
 
 
 def _converted_gguf(path: str) -> Path:
-    """The folder a GGUF file was converted into (taut.models.gguf_model_dir), found by the file's
+    """The folder a GGUF file was converted into (taut.models.gguf.gguf_model_dir), found by the file's
     path and size in its record, without hashing or converting."""
-    from taut.models import GGUF_RECORD, PACKAGED_PREFIX, cache_dir, packaged_gguf
+    from taut.models.gguf import cache_dir, GGUF_RECORD, packaged_gguf, PACKAGED_PREFIX
 
     source = (packaged_gguf(path) if path.startswith(PACKAGED_PREFIX) else Path(path).expanduser()).resolve()
     size = source.stat().st_size
@@ -323,7 +325,7 @@ def _activation_bytes(shape: ModelShape, mixed: bool, width: int) -> float:
 
 
 def precision(model: ModelConfig, gpu: bool) -> tuple[int, bool]:
-    """(bytes per weight, whether forwards autocast to bf16), as taut.models.resolve_dtype decides."""
+    """(bytes per weight, whether forwards autocast to bf16), as taut.models.policy.resolve_dtype decides."""
     if model.dtype in ("bfloat16", "float16"):
         return 2, False
     return 4, model.dtype == "bf16-mixed" or (model.dtype == "auto" and gpu)

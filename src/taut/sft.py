@@ -20,7 +20,8 @@ from taut.checkpoint import (CHECKPOINTS, SELECTION, checkpoint_step, latest_che
                              read_state, remove_partial, save_checkpoint, write_json_atomic)
 from taut.config import RunConfig, to_yaml
 from taut.heartbeat import Heartbeat
-from taut.models import Policy, enable_activation_checkpointing, load_policy, resume_policy
+from taut.models.loading import load_policy, resume_policy
+from taut.models.policy import enable_activation_checkpointing, Policy
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard

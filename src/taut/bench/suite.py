@@ -162,7 +162,7 @@ def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
 
 def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str) -> dict[str, Any]:
     """Run the suite's matrix (`run_bench`), then its tables, its figure and its section."""
-    from taut.models import resolve_model_path
+    from taut.models.loading import resolve_model_path
 
     try:
         resolve_model_path(suite.bench.model)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from taut.models import unwrap
+from taut.models.policy import unwrap
 
 
 @dataclass

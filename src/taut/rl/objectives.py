@@ -32,7 +32,7 @@ from torch import Tensor
 from taut.config import LossSettings, UpdateSettings
 from taut.length import Strategy
 from taut.metrics import mean
-from taut.models import Policy
+from taut.models.policy import Policy
 from taut.rl.advantages import AdvantageNorm, group_advantages, informative_groups
 from taut.rl.guard import NonFiniteGuard
 from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs, shared_micro_batches, shares_prompts

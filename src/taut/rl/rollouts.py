@@ -18,7 +18,7 @@ import torch
 
 from taut.config import SamplingSettings
 from taut.length import GroupBatch, Shaped, Strategy
-from taut.models import Policy
+from taut.models.policy import Policy
 from taut.rollout import RolloutEngine, Rollouts, SamplingParams
 from taut.tasks import Problem, Task
 from taut.tasks.base import OracleTask

@@ -47,7 +47,9 @@ from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, Trip, 
 from taut.heartbeat import Heartbeat
 from taut.length import Strategy, build_strategy
 from taut.metrics import mean, percentile
-from taut.models import Policy, enable_activation_checkpointing, load_policy, restore_weights, resume_policy
+from taut.checkpoint import restore_weights
+from taut.models.loading import load_policy, resume_policy
+from taut.models.policy import enable_activation_checkpointing, Policy
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load, after_pool
 from taut.rl.data import Sampler, build_pool

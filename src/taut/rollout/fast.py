@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from taut.models import lora_delta, unwrap
+from taut.models.policy import lora_delta, unwrap
 from taut.rollout.native import kernel as native_kernel
 
 SUPPORTED = ("qwen2", "qwen3", "llama", "mistral")

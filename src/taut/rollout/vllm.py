@@ -53,7 +53,7 @@ class VLLMEngine:
         self._tmp = None
         model_dir = Path(policy.source)
         if not (model_dir / "config.json").exists():    # a testbed preset: give vLLM a directory to start from
-            from taut.models import save_policy
+            from taut.checkpoint import save_policy
 
             self._tmp = tempfile.TemporaryDirectory(prefix="taut-vllm-")
             model_dir = Path(self._tmp.name)
@@ -76,7 +76,7 @@ class VLLMEngine:
 
     def sync_weights(self) -> None:
         """Load the policy's current weights (LoRA merged) into vLLM; forget cached prefixes."""
-        from taut.models import merged_state_dict
+        from taut.models.policy import merged_state_dict
 
         weights = list(merged_state_dict(self.policy.model).items())
         self.llm.apply_model(lambda model: model.load_weights(weights=weights))
