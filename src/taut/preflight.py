@@ -600,7 +600,7 @@ def longest_sft_example(config: RunConfig, policy: Policy) -> int:
     arithmetic's) the longest of `SFT_SAMPLE` drawn."""
     import random
 
-    from taut.sft import sft_examples
+    from taut.tasks.traces import sft_examples
     from taut.tasks import load_task
     from taut.tasks.base import TraceTask
     from taut.tasks.files import FileTask

@@ -35,7 +35,7 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool
     from taut.rollout import build_engine
     from taut.runlog import StepProgress
     from taut.tasks import load_task
-    from taut.tasks.files import PromptLimit
+    from taut.tasks.base import PromptLimit
 
     max_new = config.eval.max_new_tokens or config.rl.max_new_tokens
     limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, max_new)

@@ -60,7 +60,7 @@ from taut.rollout import RolloutEngine, build_engine
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import load_task
 from taut.trackers import open_trackers
-from taut.tasks.files import PromptLimit
+from taut.tasks.base import PromptLimit
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,64 +1,17 @@
 """Rollout engines: batched sampling behind one interface.
 
 `HFEngine` (the default) samples from any Hugging Face causal LM with a KV cache managed by
-taut. `VLLMEngine` (GPU extra, imported lazily) does the same through vLLM.
+taut. `VLLMEngine` (GPU extra: vllm itself is imported when such an engine is built) does the same
+through vLLM. `base.py` holds what they share.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from taut.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from taut.rollout.hf import HFEngine
+from taut.rollout.vllm import VLLMEngine         # importable without vLLM: it imports vllm when an engine is built
 
-import torch
-
-
-@dataclass
-class Rollouts:
-    """Responses of one generate call; row r answers prompt `prompt_index[r]`."""
-
-    prompt_index: list[int]       # [R]
-    tokens: list[list[int]]       # [R][len] response tokens; the real <eos> included when it ended
-    truncated: list[bool]         # [R] reached the cap without <eos>
-    logprobs: list[list[float]] | None = None   # [R][len] log-prob of each token under the distribution it was
-                                                # sampled from (NaN for forced prefix tokens); when asked for
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(t) for t in self.tokens]
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0      # 0 = greedy
-    top_p: float = 1.0
-    min_new_tokens: int = 0       # <eos> is not sampled before this many tokens (benchmarks at forced length)
-    logprobs: bool = False        # also return each sampled token's log-prob (Rollouts.logprobs)
-
-
-class RolloutEngine(Protocol):
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        response_prefix: list[int] | None = None,
-        ban_first: list[int] | None = None,
-    ) -> Rollouts:
-        """`n` responses to each prompt, rows grouped by prompt (prompt 0's n rows first).
-
-        `response_prefix` is forced at the start of every response and counts as response
-        tokens; `ban_first` lists tokens the first sampled token may not be.
-        """
-        ...
-
-    def sync_weights(self) -> None:
-        """Make the engine sample from the policy's current weights (no-op when shared)."""
-        ...
+__all__ = ["HFEngine", "RolloutEngine", "Rollouts", "SamplingParams", "VLLMEngine", "build_engine"]
 
 
 def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True, logprobs: bool = False) -> RolloutEngine:
@@ -67,11 +20,7 @@ def build_engine(kind: str, policy, max_rows: int = 1024, fast: bool = True, log
     `logprobs`: the engine will be asked for sampled tokens' log-probs (vLLM must be built for it;
     `HFEngine` records them whenever `SamplingParams.logprobs` is set)."""
     if kind == "hf":
-        from taut.rollout.hf import HFEngine
-
         return HFEngine(policy.model, policy.eos_id, policy.pad_id, max_rows=max_rows, fast=fast, autocast=policy.autocast)
     if kind == "vllm":
-        from taut.rollout.vllm import VLLMEngine
-
         return VLLMEngine(policy, max_rows=max_rows, logprobs=logprobs)
     raise ValueError(f"unknown rollout engine {kind!r}; valid engines: hf, vllm")

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from taut.rollout.hf import _HFCache
+
 TOLERANCE_ULPS = 8.0
 
 
@@ -106,8 +108,6 @@ def check(model, cache, prompts: list[list[int]], pad_id: int, steps: int, autoc
     every step's logits with the model's forward on the same prefix, and its tokens with
     Hugging Face's own cached decode — `model.generate`'s arithmetic, the generic path — up to
     each row's first near tie."""
-    from taut.rollout.hf import _HFCache
-
     ids, mask = padded(prompts, pad_id, model.device)
     tokens, logits = greedy_trace(cache, ids, mask, steps, autocast)
     expected, _ = greedy_trace(_HFCache(model), ids, mask, steps, autocast)

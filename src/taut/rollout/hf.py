@@ -14,7 +14,8 @@ import contextlib
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from taut.rollout import Rollouts, SamplingParams, fast
+from taut.rollout import fast
+from taut.rollout.base import Rollouts, SamplingParams
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from taut.rollout import Rollouts, SamplingParams
+from taut.models.policy import merged_state_dict
+from taut.rollout.base import Rollouts, SamplingParams
 
 
 class VLLMEngine:
@@ -76,8 +77,6 @@ class VLLMEngine:
 
     def sync_weights(self) -> None:
         """Load the policy's current weights (LoRA merged) into vLLM; forget cached prefixes."""
-        from taut.models.policy import merged_state_dict
-
         weights = list(merged_state_dict(self.policy.model).items())
         self.llm.apply_model(lambda model: model.load_weights(weights=weights))
         self.llm.reset_prefix_cache()

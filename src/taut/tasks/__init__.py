@@ -92,7 +92,7 @@ register_task("written", _written)
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:
     """The task a recipe names: a `kind:…` string or a data file's `FileTaskConfig`.
-    `prompt_limit` (a `taut.tasks.files.PromptLimit`) makes a data file skip over-long prompts."""
+    `prompt_limit` (a `taut.tasks.base.PromptLimit`) makes a data file skip over-long prompts."""
     if isinstance(spec, FileTaskConfig):
         return _file_task(spec, levels, prompt_limit)
     if isinstance(spec, ReasoningGymTaskConfig):

@@ -104,3 +104,38 @@ class TraceTask(Task, Protocol):
     def sft_examples(self, rng: Any, n: int, split: Split = "train") -> list[tuple[str, str]]:
         """n (prompt, response) pairs from `split`, drawn with `rng` (a random.Random)."""
         ...
+
+
+CHARS_PER_TOKEN_BOUND = 32      # without a tokenizer: a prompt may have this many characters per allowed token
+
+
+@dataclass(frozen=True)
+class PromptLimit:
+    """The longest prompt a task keeps: `max_tokens` counted by `count_tokens` (the policy's
+    tokenizer), or, without one, `max_tokens * CHARS_PER_TOKEN_BOUND` characters."""
+
+    max_tokens: int
+    count_tokens: Callable[[str], int] | None = None
+
+    @classmethod
+    def for_policy(cls, max_prompt_tokens: int | None, policy, max_new_tokens: int) -> PromptLimit:
+        """`data.max_prompt_tokens`, or the model's context length minus the rollout cap."""
+        if max_prompt_tokens is None:
+            context = policy.model.config.max_position_embeddings
+            # a cap at or above the context (a long-reasoning recipe on a short-context test model)
+            # leaves the context itself as the bound: no prompt can be longer than that
+            max_prompt_tokens = context - max_new_tokens if context > max_new_tokens else context
+        tokenizer = policy.tokenizer
+        return cls(max_prompt_tokens, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+    def too_long(self, prompt: str) -> bool:
+        if self.count_tokens is None:
+            return len(prompt) > self.max_tokens * CHARS_PER_TOKEN_BOUND
+        if len(prompt.encode()) + 2 <= self.max_tokens:    # no tokenizer makes more tokens than bytes (+ BOS, a prefix space)
+            return False
+        return self.count_tokens(prompt) > self.max_tokens
+
+    def describe(self) -> str:
+        if self.count_tokens is None:
+            return f"{self.max_tokens * CHARS_PER_TOKEN_BOUND} characters ({self.max_tokens} tokens, no tokenizer given)"
+        return f"{self.max_tokens} tokens (data.max_prompt_tokens)"

@@ -22,7 +22,6 @@ success (`Instance.necessary_tries`).
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass
