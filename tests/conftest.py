@@ -1,6 +1,4 @@
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
@@ -26,9 +24,7 @@ def sft_policy():
 
 @pytest.fixture
 def arith_study():
-    """scripts/arith_study.py, the overthinking study's one command, loaded as a module."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "arith_study.py"
-    spec = importlib.util.spec_from_file_location("arith_study", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """taut.lab.arith_study, the overthinking study's one command."""
+    import taut.lab.arith_study
+
+    return taut.lab.arith_study

@@ -1,4 +1,4 @@
-"""The overthinking study's one command (scripts/arith_study.py), shrunk by --smoke: every recipe
+"""The overthinking study's one command (taut.lab.arith_study), shrunk by --smoke: every recipe
 trains on SmolLM2-135M-Instruct, every run and the start are evaluated both ways, the report is
 drawn and the table written; a second call finds everything done and trains nothing."""
 

@@ -24,7 +24,7 @@ def test_bench_quick_runs_every_method_and_reports(tmp_path):
 
 
 def test_a_resumed_matrix_reports_the_times_its_runs_took_when_they_ran(tmp_path):
-    from taut.bench.matrix import _recorded_seconds
+    from taut.lab.bench.matrix import _recorded_seconds
 
     assert _recorded_seconds(tmp_path, 120.0, True) == (120.0, False)     # trained now: recorded
     assert _recorded_seconds(tmp_path, 0.3, False) == (120.0, True)      # found done: the time it took then
@@ -34,7 +34,7 @@ def test_a_resumed_matrix_reports_the_times_its_runs_took_when_they_ran(tmp_path
 
 
 def test_the_timing_note_says_how_a_resumed_matrix_was_timed():
-    from taut.bench.matrix import timing_note
+    from taut.lab.bench.matrix import timing_note
 
     assert timing_note({"timed": "wall", "resumed": []}) == ""
     assert "recorded when it ran" in timing_note({"timed": "record", "resumed": ["a", "b"]})
@@ -45,7 +45,7 @@ def test_the_timing_note_says_how_a_resumed_matrix_was_timed():
 def test_workers_run_methods_in_parallel_with_the_same_results(tmp_path):
     """`workers: 2` trains the methods in two processes; every run is seeded on its own, so the
     results equal those of one process running them in turn (slow: about a minute)."""
-    from taut.bench.matrix import BenchConfig, run_bench
+    from taut.lab.bench.matrix import BenchConfig, run_bench
 
     spec = {"model": "builtin:testbed-sft", "threads": 1, "start_steps": 2, "steps": 2,
             "rl": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 64, "dynamic_sampling": False, "checkpoint_every": 2},
@@ -64,7 +64,7 @@ def test_workers_run_methods_in_parallel_with_the_same_results(tmp_path):
 
 
 def test_the_matrix_adds_global_overthinking_and_underthinking_against_the_start(tmp_path):
-    from taut.bench.matrix import add_efficiency, efficiency_table, summarise
+    from taut.lab.bench.matrix import add_efficiency, efficiency_table, summarise
 
     def evaluation(name, samples, redundancy):
         path = tmp_path / "eval" / f"{name}.json"                       # as a run's RUN/eval/<checkpoint>.json

@@ -9,7 +9,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from taut.bench.speed import Workload, limits
+from taut.lab.bench.speed import Workload, limits
 from taut.cli import app
 
 pytest.importorskip("trl")

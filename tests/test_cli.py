@@ -269,7 +269,7 @@ def test_eval_table_fits_80_columns_with_whole_domain_names():
 
 
 def test_demo_stage_table_fits_80_columns_and_shows_each_stage_against_the_one_before():
-    from taut.workflows import stages_table
+    from taut.lab.demo import stages_table
 
     first, second = eval_result(), eval_result()
     second["overall"] = {**second["overall"], "tokens_mean": second["overall"]["tokens_mean"] * 0.8,
@@ -296,7 +296,7 @@ def test_data_preview_wraps_under_its_column():
 
 
 def test_compare_table_fits_80_columns():
-    from taut.report.summary import rich_table
+    from taut.lab.report.summary import rich_table
 
     row = {"label": "mastery-curriculum-seed1", "chosen": "step-000160", "accuracy": 0.93, "tokens_mean": 31.5,
            "tokens_p90": 60.0, "tokens_change_pct": -18.8, "accuracy_change_pp": 1.2, "redundancy": 0.12,

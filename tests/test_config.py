@@ -20,7 +20,7 @@ def test_every_recipe_parses(recipe):
 
 
 def test_bench_recipe_parses_full_and_quick():
-    from taut.bench.matrix import load_bench
+    from taut.lab.bench.matrix import load_bench
 
     path = Path(__file__).parent.parent / "recipes" / "bench.yaml"
     full, quick = load_bench(path), load_bench(path, quick=True)

@@ -506,8 +506,8 @@ def test_cli_demo_refuses_a_used_run_directory_and_a_locked_one(tmp_path, monkey
 def test_cli_bench_keeps_out_a_second_process_and_reuses_its_own_directory(tmp_path, monkeypatch, capsys, suite):
     """Two `taut bench` processes on one --out both trained the same methods into the same run
     directories; the second now stops before it starts, and a bench directory is still reused."""
-    import taut.bench.matrix as matrix
-    import taut.bench.suite as suites
+    import taut.lab.bench.matrix as matrix
+    import taut.lab.bench.suite as suites
 
     runs = []
     monkeypatch.setattr(matrix, "run_bench", lambda *a: runs.append(a) or {"seconds": 0.0, "rows": []})

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from taut.bench.suite import level_stats, load_suite, suite_tables, write_section
+from taut.lab.bench.suite import level_stats, load_suite, suite_tables, write_section
 from taut.config import ConfigError, load_config
 from taut.length import REGISTRY, build_strategy
 from taut.length.base import GroupBatch
@@ -122,7 +122,7 @@ def test_suite_errors_name_the_file_and_the_method(tmp_path):
 
 
 def test_section_is_replaced_in_place_and_survives_the_matrix_writer(tmp_path):
-    from taut.bench.matrix import write_benchmarks_md
+    from taut.lab.bench.matrix import write_benchmarks_md
 
     md = tmp_path / "BENCHMARKS.md"
     md.write_text("# Benchmarks\n\n<!-- discussion -->\nmine\n<!-- /discussion -->\n")
@@ -170,7 +170,7 @@ def _row(name, accuracy, search, n=1000):
 
 
 def test_a_difference_counts_only_beyond_its_error_bar_with_the_seeds_apart():
-    from taut.bench.suite import compare
+    from taut.lab.bench.suite import compare
 
     rows = [_row("on", [0.90, 0.92], [0.60, 0.64]), _row("off", [0.89, 0.93], [0.40, 0.44]), _row("far", [0.70, 0.95], [0.1, 0.1])]
     c = compare(rows, "on", "off", "search_accuracy")
@@ -185,7 +185,7 @@ def test_a_difference_counts_only_beyond_its_error_bar_with_the_seeds_apart():
 
 
 def test_family_pairs_are_compared_value_by_value():
-    from taut.bench.suite import comparisons
+    from taut.lab.bench.suite import comparisons
 
     suite = load_suite(ROOT / "recipes" / "bench-gate.yaml")
     rows = [_row(f"gate-{side}@alpha={a}", [0.9, 0.9], [0.5, 0.5]) for side in ("on", "off") for a in (0.25, 1.0, 4.0)]
@@ -203,7 +203,7 @@ def test_compare_names_must_exist(tmp_path):
 
 
 def test_start_redundancy_by_kind_and_level(tmp_path):
-    from taut.bench.suite import start_redundancy
+    from taut.lab.bench.suite import start_redundancy
 
     path = tmp_path / "start.samples.jsonl"
     rows = [  # (domain, level, text, length incl. <eos>, redundant tokens, thinks)
@@ -220,7 +220,7 @@ def test_start_redundancy_by_kind_and_level(tmp_path):
 
 
 def test_the_suite_recipe_is_a_bench_recipe():
-    from taut.bench.suite import load_any_bench
+    from taut.lab.bench.suite import load_any_bench
 
     path = ROOT / "recipes" / "bench-gate.yaml"
     assert [m.name for m in load_any_bench(path).methods] == [m.name for m in load_suite(path).bench.methods]
@@ -228,7 +228,7 @@ def test_the_suite_recipe_is_a_bench_recipe():
 
 
 def test_guess_stats_count_search_answers_without_steps(tmp_path):
-    from taut.bench.suite import guess_stats
+    from taut.lab.bench.suite import guess_stats
 
     path = tmp_path / "eval.samples.jsonl"
     rows = [("search", False, True), ("search", False, False), ("search", False, False), ("search", True, True),

@@ -111,8 +111,8 @@ def test_every_strategy_has_a_shipped_recipe():
 def test_recipe_micro_run(path, tmp_path):
     kind = recipe_kind(yaml.safe_load(path.read_text()))
     if kind == "bench":                               # a matrix of runs, or a study of cells: it parses, full and quick
-        from taut.bench.study import is_study, load_study
-        from taut.bench.suite import load_any_bench
+        from taut.lab.bench.study import is_study, load_study
+        from taut.lab.bench.suite import load_any_bench
 
         load = load_study if is_study(path) else load_any_bench
         assert load(path).methods and load(path, quick=True).methods

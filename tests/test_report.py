@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from taut.cli import app
 from taut.config import RunConfig
-from taut.report import compare, pareto_frontier
-from taut.report.figures import moving_average, phase_spans
-from taut.report.summary import strategy_plan
+from taut.lab.report import compare, pareto_frontier
+from taut.lab.report.figures import moving_average, phase_spans
+from taut.lab.report.summary import strategy_plan
 
 # ---------------------------------------------------------------------------------------------
 # the frontier
@@ -248,8 +248,8 @@ def test_each_phase_is_measured_against_the_one_before_and_the_compression_phase
 
 
 def test_length_histogram_bars_are_as_wide_as_their_bins(two_runs):
-    from taut.report.figures import length_histograms
-    from taut.report.runs import load_run
+    from taut.lab.report.figures import length_histograms
+    from taut.lab.report.runs import load_run
 
     drawn = length_histograms([load_run(two_runs[0], "run")], ["#0072B2"])
     edges = drawn.data["edges"]
@@ -263,8 +263,8 @@ def test_length_histogram_bars_are_as_wide_as_their_bins(two_runs):
 
 
 def test_a_fixed_cap_is_said_not_drawn(two_runs):
-    from taut.report.figures import training_dynamics
-    from taut.report.runs import load_run
+    from taut.lab.report.figures import training_dynamics
+    from taut.lab.report.runs import load_run
 
     drawn = training_dynamics([load_run(two_runs[0], "run")], ["#0072B2"])
     assert drawn.data["fixed_cap"] == 8
@@ -273,8 +273,8 @@ def test_a_fixed_cap_is_said_not_drawn(two_runs):
 
 
 def test_panel_axis_labels_do_not_collide(two_runs, tmp_path):
-    from taut.report.figures import STRATEGY_PANELS, _step_panels
-    from taut.report.runs import load_run
+    from taut.lab.report.figures import STRATEGY_PANELS, _step_panels
+    from taut.lab.report.runs import load_run
 
     run = load_run(two_runs[0], "run")
     for record in run.metrics:                        # every strategy signal logged

@@ -1,4 +1,4 @@
-"""Studies with committed cells (taut.bench.study): the recipe, the cells' files, skipping what
+"""Studies with committed cells (taut.lab.bench.study): the recipe, the cells' files, skipping what
 is done, and the section computed from the committed files alone."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taut.bench import study as st
+from taut.lab.bench import study as st
 from taut.builtin_recipes import RECIPES
 from taut.config import ConfigError
 

@@ -163,8 +163,8 @@ def _evaluation(lengths: dict[str, tuple[int, int]], correct: dict[str, bool]) -
 
 
 def test_the_transfer_view_compares_each_suite(tmp_path):
-    from taut.report import compare
-    from taut.report.transfer import rich_table, suite_rows
+    from taut.lab.report import compare
+    from taut.lab.report.transfer import rich_table, suite_rows
 
     before = _evaluation({"math": (100, 100), "code": (200, 200), "qa": (50, 50)}, {"math": True, "code": False, "qa": True})
     after = _evaluation({"math": (50, 50), "code": (150, 250), "qa": (60, 40)}, {"math": True, "code": True, "qa": False})
@@ -203,9 +203,9 @@ def test_the_transfer_view_compares_each_suite(tmp_path):
 
 
 def test_the_transfer_view_says_why_it_is_missing(tmp_path):
-    from taut.report.figures import Omitted
-    from taut.report.runs import Evaluation, RunResults
-    from taut.report.transfer import transfer_by_suite
+    from taut.lab.report.figures import Omitted
+    from taut.lab.report.runs import Evaluation, RunResults
+    from taut.lab.report.transfer import transfer_by_suite
 
     one = _evaluation({"math": (10, 10)}, {"math": True})
     run = RunResults("r", Path("r"), [Evaluation("step-000000", 0, one), Evaluation("step-000001", 1, one)],
@@ -217,8 +217,8 @@ def test_the_transfer_view_says_why_it_is_missing(tmp_path):
 
 @pytest.mark.parametrize("loader", ["bench", "suite"])
 def test_a_bench_recipe_with_a_key_given_twice_is_refused_with_its_lines(loader, tmp_path):
-    from taut.bench.matrix import load_bench
-    from taut.bench.suite import load_suite
+    from taut.lab.bench.matrix import load_bench
+    from taut.lab.bench.suite import load_suite
     from taut.config import ConfigError
 
     head = "suite: x\ntitle: y\n" if loader == "suite" else ""

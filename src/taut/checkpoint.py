@@ -45,12 +45,17 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from taut import failpoints
-from taut.models.policy import ADAPTER_DIR, BASE_FILE, Policy, is_lora, merged_state_dict
+from taut.models.policy import (
+    ADAPTER_DIR,
+    BASE_FILE,
+    Policy,
+    is_lora,
+    merged_state_dict,
+)
 
 CHECKPOINTS = "checkpoints"
 SELECTION = "selection.json"

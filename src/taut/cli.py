@@ -316,7 +316,7 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
         return
     from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
-    from taut.workflows import run_demo
+    from taut.lab.demo import run_demo
 
     with claim_run_dir(out or default_run_dir("demo"), resume=False, overwrite=overwrite, resumable=False) as run_dir:
         report = run_demo(cfg, run_dir, quiet=quiet)
@@ -462,9 +462,9 @@ def compare(
     label: Annotated[Optional[list[str]], typer.Option("--label", metavar="NAME", help="name per run, in order (repeatable)")] = None,
 ):
     """Compare runs: accuracy vs tokens with the Pareto frontier, budgets, training dynamics; writes report.html."""
-    from taut.report import compare as write_comparison
-    from taut.report.summary import efficiency_table, rich_table
-    from taut.report.transfer import rich_table as transfer_table
+    from taut.lab.report import compare as write_comparison
+    from taut.lab.report.summary import efficiency_table, rich_table
+    from taut.lab.report.transfer import rich_table as transfer_table
 
     path = write_comparison(runs, out, labels=label)
     data = json.loads((path.parent / "report.json").read_text())
@@ -487,19 +487,19 @@ def bench(ctx: typer.Context,
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
-    from taut.bench.matrix import run_bench
-    from taut.bench.suite import load_any_bench
+    from taut.lab.bench.matrix import run_bench
+    from taut.lab.bench.suite import load_any_bench
     from taut.builtin_recipes import resolve_recipe
     from taut.rundir import claim_run_dir
 
     # A bench directory continues what it holds (finished runs are reused); the claim only keeps a
     # second process out while this one trains in it.
     if suite is not None:
-        from taut.bench.suite import load_suite, run_suite, suite_path
+        from taut.lab.bench.suite import load_suite, run_suite, suite_path
 
         path = suite_path(suite)
         out = out or Path("runs") / (f"bench-{suite}-quick" if quick else f"bench-{suite}")
-        from taut.bench.study import is_study
+        from taut.lab.bench.study import is_study
 
         if is_study(path):
             _study(path, suite, quick, out, write, report_only)
@@ -541,7 +541,7 @@ def bench(ctx: typer.Context,
 
 def _study(path: Path, name: str, quick: bool, out: Path, write: Optional[Path], report_only: bool) -> None:
     """`taut bench --suite NAME` for a study recipe: the missing cells, then the section."""
-    from taut.bench.study import StudyError, load_study, report, run_study
+    from taut.lab.bench.study import StudyError, load_study, report, run_study
 
     study = load_study(path, quick=quick)
     results = out / "results" if quick else Path(study.results)
@@ -589,7 +589,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL"
                 out: Annotated[Path, typer.Option(metavar="FILE", help="JSON results")] = Path("runs/bench-speed.json")):
     """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B, with the
     machine's load around each pair and each phase's share of the machine's matrix-product limit."""
-    from taut.bench.speed import REAL_TASK, Workload, run_pair_series
+    from taut.lab.bench.speed import REAL_TASK, Workload, run_pair_series
 
     sides = ("taut", vs) if vs else ("taut",)
     if vs not in (None, "trl"):
@@ -606,7 +606,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL"
                     task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
                     max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps, warmup=warmup,
                     prompts_per_step=prompts, lr=lr or (1e-6 if real else 2e-4))
-    from taut.bench.speed import worker
+    from taut.lab.bench.speed import worker
 
     rates = worker("limits", base)["rates_gflops"]                 # before the series (again after each)
     results = {}
@@ -635,7 +635,7 @@ def speed_table(results: dict, vs: str | None):
     machine's bf16 matrix-product rate over its measured time."""
     from rich.console import Group
 
-    from taut.bench.speed import median_of
+    from taut.lab.bench.speed import median_of
 
     def med(runs, f):
         return statistics.median(f(x) for x in runs)

@@ -18,11 +18,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from taut.length import StrategyConfig
+from taut.length import REGISTRY, StrategyConfig
 from taut.length.none import NoneConfig
 from taut.schema import Strict
+
 
 def _betas(v: tuple[float, float]) -> tuple[float, float]:
     if not all(0 <= b < 1 for b in v):
@@ -594,8 +603,6 @@ def _explain(err: ValidationError, model: type[BaseModel], source: str, lines: d
             did = f" (did you mean {'.'.join(map(str, loc[:-1] + (hint[0],)))!r}?)" if hint else ""
             messages.append(f"{where}: unknown key {dotted!r}{did}; valid keys here: {', '.join(valid)}")
         elif e["type"] == "union_tag_invalid":
-            from taut.length import REGISTRY
-
             messages.append(f"{where}: unknown strategy {e['input'].get('name')!r} at {dotted!r}; valid strategies: {', '.join(REGISTRY)}")
         elif isinstance(e.get("input"), dict):       # a check across keys: the whole section is no help
             messages.append(f"{where}: {dotted}: {e['msg']}")
@@ -632,8 +639,6 @@ def _data_path(loc: tuple, raw: dict) -> tuple:
 
 def _valid_keys(model: type[BaseModel], loc: tuple, raw: dict) -> list[str]:
     """Field names of the model found by following `loc` through nested models."""
-    from taut.length import REGISTRY
-
     current: Any = model
     for part in loc:
         if isinstance(part, str) and part in REGISTRY:

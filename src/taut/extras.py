@@ -14,6 +14,9 @@ import importlib.util
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from taut.config import FileTaskConfig, ReasoningGymTaskConfig
+from taut.tasks.reasoning_gym import check_name
+
 if TYPE_CHECKING:
     from taut.config import RunConfig
 
@@ -32,16 +35,12 @@ def check_extras(config: RunConfig) -> None:
         raise MissingExtra("; ".join(dict.fromkeys(missing)))
     names = list(gym_task_names(config))
     if names:
-        from taut.tasks.reasoning_gym import check_name
-
         for name in dict.fromkeys(names):
             check_name(name)
 
 
 def needs(config: RunConfig) -> Iterator[tuple[str, str, str]]:
     """(feature, module, extra) for each optional package the configuration uses."""
-    from taut.config import FileTaskConfig, ReasoningGymTaskConfig
-
     path = config.model.path or ""
     if path.startswith("builtin:") and (base := shipped_adapter_base(path)) is not None:
         yield f"model.path {path} (a LoRA adapter)", "peft", "lora"
@@ -99,8 +98,6 @@ def task_specs(config: RunConfig) -> Iterator[tuple[str, object]]:
 
 def gym_task_names(config: RunConfig) -> Iterator[str]:
     """The reasoning-gym library names the configuration uses."""
-    from taut.config import ReasoningGymTaskConfig
-
     for _, spec in task_specs(config):
         text = spec.task if isinstance(spec, ReasoningGymTaskConfig) else spec
         if isinstance(text, str) and text.startswith("reasoning-gym:"):

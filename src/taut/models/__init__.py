@@ -8,6 +8,25 @@
 - `loading`: any model a `model:` section names, and the policy a checkpoint resumes from;
 - `export`: trained weights as a shippable adapter (`taut export`).
 
-Import from the submodule: this package's own namespace is empty, so that `taut.checkpoint`
-can sit between `policy` and `loading` without an import cycle.
+Inside taut, import from the submodule. The public names below (`from taut.models import
+load_policy`, as the examples do) are resolved on first use: importing `loading` here would run
+through `taut.checkpoint`, which imports `policy` from this package, in a cycle.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+PUBLIC = {"Policy": "policy", "load_policy": "loading", "resume_policy": "loading", "load_tokenizer": "loading",
+          "resolve_model_path": "loading", "build_testbed_model": "testbed"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in PUBLIC:
+        return getattr(importlib.import_module(f"taut.models.{PUBLIC[name]}"), name)
+    raise AttributeError(f"module 'taut.models' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *PUBLIC])

@@ -39,7 +39,7 @@ def export_lowrank(checkpoint: Path, out: Path, base_path: str, rank: int, embed
     Frobenius norm (Eckart–Young) — and changed norm weights kept whole (peft's modules_to_save).
     Loaded like any exported adapter (`model.path: OUT`). Returns, per module kind, the share of the
     change's squared Frobenius norm the adapter keeps. A change it cannot carry (a bias) is an error."""
-    from peft import LoraConfig, get_peft_model          # an optional extra (taut[lora])
+    from peft import LoraConfig, get_peft_model  # an optional extra (taut[lora])
 
     tuned = load_file(str(Path(checkpoint) / "model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(base_path), dtype=torch.float32)

@@ -9,7 +9,12 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 from transformers.utils import logging as hf_logging
 
 from taut.allocator import keep_freed_memory
@@ -17,7 +22,13 @@ from taut.checkpoint import chosen_checkpoint, require_intact
 from taut.config import ModelConfig
 from taut.models.gguf import PACKAGED_PREFIX, gguf_model_dir, packaged_gguf
 from taut.models.lora import adapter_base, merged_adapter, with_lora
-from taut.models.policy import ADAPTER_DIR, BASE_FILE, Policy, resolve_device, resolve_dtype
+from taut.models.policy import (
+    ADAPTER_DIR,
+    BASE_FILE,
+    Policy,
+    resolve_device,
+    resolve_dtype,
+)
 from taut.models.testbed import ASSETS, build_testbed_model
 
 

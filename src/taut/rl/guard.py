@@ -36,7 +36,9 @@ import math
 
 import torch
 
-from taut.checkpoint import first_nonfinite  # noqa: F401  (the guard's check; tests patch it here)
+from taut.checkpoint import (
+    first_nonfinite,  # noqa: F401  (the guard's check; tests patch it here)
+)
 
 log = logging.getLogger(__name__)
 

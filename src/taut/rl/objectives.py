@@ -35,7 +35,13 @@ from taut.metrics import mean
 from taut.models.policy import Policy
 from taut.rl.advantages import AdvantageNorm, group_advantages, informative_groups
 from taut.rl.guard import NonFiniteGuard
-from taut.rl.logprobs import SequenceBatch, micro_batches, response_logprobs, shared_micro_batches, shares_prompts
+from taut.rl.logprobs import (
+    SequenceBatch,
+    micro_batches,
+    response_logprobs,
+    shared_micro_batches,
+    shares_prompts,
+)
 from taut.rl.losses import aggregation_weights, clipped_policy_loss, sft_loss
 from taut.rl.rollouts import RolloutBatch
 

@@ -38,18 +38,19 @@ from taut.checkpoint import (
     load_optimizer,
     read_state,
     remove_partial,
+    restore_weights,
     save_checkpoint,
     step_name,
     write_json_atomic,
 )
-from taut.config import PhaseConfig, RunConfig, to_yaml
+from taut.config import EvalConfig, PhaseConfig, RunConfig, to_yaml
 from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, Trip, select
+from taut.evaluate import generate_and_grade
 from taut.heartbeat import Heartbeat
 from taut.length import Strategy, build_strategy
 from taut.metrics import mean, percentile
-from taut.checkpoint import restore_weights
 from taut.models.loading import load_policy, resume_policy
-from taut.models.policy import enable_activation_checkpointing, Policy
+from taut.models.policy import Policy, enable_activation_checkpointing
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load, after_pool
 from taut.rl.data import Sampler, build_pool
@@ -59,9 +60,8 @@ from taut.rl.rollouts import RolloutBatch, collect
 from taut.rollout import RolloutEngine, build_engine
 from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import load_task
-from taut.trackers import open_trackers
 from taut.tasks.base import PromptLimit
-
+from taut.trackers import open_trackers
 
 # ---------------------------------------------------------------------------------------------
 # the run's state
@@ -143,8 +143,6 @@ class Run:
 
 class Validator:
     def __init__(self, config: RunConfig, policy: Policy, engine: RolloutEngine, prompt_limit: PromptLimit | None = None):
-        from taut.config import EvalConfig
-
         v = config.validation
         self.config = EvalConfig(split="validation", n_per_level=v.n_per_level, samples=v.samples,
                                  temperature=v.temperature, budgets=[])
@@ -158,8 +156,6 @@ class Validator:
             raise ValueError("the validation split is empty: check validation.tasks and data.levels")
 
     def __call__(self) -> dict[str, float]:
-        from taut.evaluate import generate_and_grade
-
         samples = generate_and_grade(self.policy, [], self.config, self.max_new_tokens, seed=self.seed, problems=self.problems,
                                      engine=self.engine)
         return {"val_accuracy": mean([s.correct for s in samples]), "val_tokens_mean": mean([s.length for s in samples]),

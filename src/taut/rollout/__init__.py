@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from taut.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from taut.rollout.hf import HFEngine
-from taut.rollout.vllm import VLLMEngine         # importable without vLLM: it imports vllm when an engine is built
+from taut.rollout.vllm import (
+    VLLMEngine,  # importable without vLLM: it imports vllm when an engine is built
+)
 
 __all__ = ["HFEngine", "RolloutEngine", "Rollouts", "SamplingParams", "VLLMEngine", "build_engine"]
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from taut.checkpoint import save_policy
 from taut.models.policy import merged_state_dict
 from taut.rollout.base import Rollouts, SamplingParams
 
@@ -54,7 +55,6 @@ class VLLMEngine:
         self._tmp = None
         model_dir = Path(policy.source)
         if not (model_dir / "config.json").exists():    # a testbed preset: give vLLM a directory to start from
-            from taut.checkpoint import save_policy
 
             self._tmp = tempfile.TemporaryDirectory(prefix="taut-vllm-")
             model_dir = Path(self._tmp.name)

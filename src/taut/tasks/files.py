@@ -47,7 +47,18 @@ from pathlib import Path
 from typing import Any
 
 from taut.config import FileTaskConfig
-from taut.tasks.base import BUDGET_INSTRUCTION, CHARS_PER_TOKEN_BOUND, SPLITS, Problem, PromptLimit, Split, Verdict, check_split, split_of  # noqa: F401 (re-exported)
+from taut.tasks import math
+from taut.tasks.base import (  # noqa: F401 (re-exported)
+    BUDGET_INSTRUCTION,
+    CHARS_PER_TOKEN_BOUND,
+    SPLITS,
+    Problem,
+    PromptLimit,
+    Split,
+    Verdict,
+    check_split,
+    split_of,
+)
 
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
@@ -360,8 +371,6 @@ class FileTask:
 
     # ---- grading ----------------------------------------------------------------------
     def verify(self, problem: Problem, response: str, complete: bool) -> Verdict:
-        from taut.tasks import math
-
         if self.config.verifier == "math":
             return math.verify(response, problem.answer, complete)
         extracted = math.extract_answer(response, complete)

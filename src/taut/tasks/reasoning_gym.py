@@ -61,7 +61,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from taut.config import ReasoningGymTaskConfig
-from taut.tasks.base import BUDGET_INSTRUCTION, SPLIT_FRACTIONS, Problem, Split, Verdict, check_split, split_of
+from taut.tasks.base import (
+    BUDGET_INSTRUCTION,
+    SPLIT_FRACTIONS,
+    Problem,
+    Split,
+    Verdict,
+    check_split,
+    split_of,
+)
+from taut.tasks.math import answer_region, last_boxed
 
 PREFIX = "reasoning-gym:"
 INSTRUCTIONS = {
@@ -165,8 +174,6 @@ class ReasoningGymTask:
 def extract_answer(response: str, answer_format: str, *, complete: bool, fallback_last_number: bool) -> str | None:
     """The final answer in the format the prompt asked for (module docstring), or None. Only a
     closed box or tag, or a finished line, counts, so a response cut mid-answer has none."""
-    from taut.tasks.math import answer_region, last_boxed
-
     region = answer_region(response)
     if region is None:
         return None

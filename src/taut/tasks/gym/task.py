@@ -27,8 +27,24 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from taut.tasks.base import SPLITS, SPLIT_FRACTIONS, Problem, Split, TraceAnalysis, Verdict, check_split, split_of  # noqa: F401 (re-exported)
-from taut.tasks.gym.domains import DOMAINS, LEVELS, Domain, get_domain
+from taut.tasks.base import (  # noqa: F401 (re-exported)
+    SPLIT_FRACTIONS,
+    SPLITS,
+    Problem,
+    Split,
+    TraceAnalysis,
+    Verdict,
+    check_split,
+    split_of,
+)
+from taut.tasks.gym.domains import (
+    DOMAINS,
+    HELD_OUT_DOMAINS,
+    LEVELS,
+    TRAINING_DOMAINS,
+    Domain,
+    get_domain,
+)
 from taut.tasks.gym.vocab import ANSWER, END_THINK, THINK
 
 if TYPE_CHECKING:
@@ -227,8 +243,6 @@ def resolve_domains(spec: str) -> list[str]:
     Groups and names combine with `+`: `gym:train+search` is the training domains and `search`.
     The groups hold the default domains only; an opt-in domain (`search`) is selected by name.
     """
-    from taut.tasks.gym.domains import HELD_OUT_DOMAINS, TRAINING_DOMAINS
-
     _, _, rest = spec.partition(":")
     groups = {"": TRAINING_DOMAINS, "train": TRAINING_DOMAINS, "held-out": HELD_OUT_DOMAINS, "all": tuple(DOMAINS)}
     if rest in groups:

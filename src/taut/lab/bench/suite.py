@@ -2,7 +2,7 @@
 one matrix from one shared start, and reported as a section of BENCHMARKS.md.
 
 A suite recipe is `recipes/bench-NAME.yaml` (`taut bench --suite NAME`). It is a bench recipe
-(`taut.bench.matrix.BenchConfig`) with three additions:
+(`taut.lab.bench.matrix.BenchConfig`) with three additions:
 
     suite: NAME                  names the BENCHMARKS.md section it writes
     title: …                     the section's heading
@@ -38,9 +38,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from taut.bench.matrix import BenchConfig, load_bench, method_samples_path, run_bench, timing_note
 from taut.builtin_recipes import RECIPES
 from taut.config import ConfigError, read_yaml
+from taut.lab.bench.matrix import (
+    BenchConfig,
+    load_bench,
+    method_samples_path,
+    run_bench,
+    timing_note,
+)
+from taut.lab.report.figures import run_colors
+from taut.models.loading import resolve_model_path
+from taut.tasks.gym.domains import OPT_IN_DOMAINS, get_domain
+from taut.tasks.gym.task import read_answer
 
 SUITE_DIR = RECIPES                 # the shipped recipes (the repository's recipes/ is the same folder)
 MARKERS = "osD^v<>p"        # families that coincide stay visible
@@ -162,14 +172,11 @@ def _expand(method: Any, steps: int, where: str) -> tuple[list[dict], Curve]:
 
 def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str) -> dict[str, Any]:
     """Run the suite's matrix (`run_bench`), then its tables, its figure and its section."""
-    from taut.models.loading import resolve_model_path
-
     try:
         resolve_model_path(suite.bench.model)
     except FileNotFoundError as err:
         hint = f"; build it first: {suite.prepare}" if suite.prepare else ""
         raise ConfigError(f"{suite.path}: model: {err}{hint}") from None
-    from taut.tasks.gym.domains import OPT_IN_DOMAINS
 
     summary = run_bench(suite.bench, out, None, command)
     start_samples = Path(out) / "start-eval.samples.jsonl"
@@ -190,8 +197,6 @@ def run_suite(suite: Suite, out: Path, benchmarks_md: Path | None, command: str)
 
 
 def _necessary(domain: str, level: int) -> bool:
-    from taut.tasks.gym.domains import get_domain
-
     return level not in get_domain(domain).direct_levels
 
 
@@ -237,8 +242,6 @@ def guess_stats(samples_path: Path, domains: set[str]) -> dict[str, float | None
 
 def suite_tables(summary: dict[str, Any], start_samples: Path | None = None) -> dict[str, Any]:
     """One row per matrix method (mean over seeds) and the start's row, with per-level stats."""
-    from taut.tasks.gym.domains import OPT_IN_DOMAINS
-
     search = set(OPT_IN_DOMAINS)
 
     def row_of(evals: list[dict], samples: list[Path | None]) -> dict[str, Any]:
@@ -338,8 +341,6 @@ def start_redundancy(samples_path: Path, exclude: set[str] = frozenset()) -> dic
     """The start's redundant tokens by kind and level, from its evaluation samples on the testbed:
     thinking beyond the necessary steps, and rounds written after the graded answer (shares of all
     response tokens), and the share of responses that answer without a step."""
-    from taut.tasks.gym.task import read_answer
-
     if not samples_path.exists():
         return {}
     cells: dict[str, dict[str, float]] = {}
@@ -373,8 +374,6 @@ def _domain_mean(evaluation: dict, domains: set[str], key: str) -> float | None:
 def pareto_curves(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path | None:
     """Accuracy against tokens: each family a curve over its strengths (mean over seeds)."""
     from matplotlib.figure import Figure
-
-    from taut.report.figures import run_colors
 
     by_name = {r["method"]: r for r in rows}
     curves = [c for c in suite.curves if any(name in by_name for name, _ in c.points)]
@@ -410,8 +409,6 @@ def level_bars(suite: Suite, rows: list[dict], start: dict, path: Path) -> Path 
     families (the control), and every strength of the families the suite compares pairwise
     (gate on and gate off), mean over seeds."""
     from matplotlib.figure import Figure
-
-    from taut.report.figures import run_colors
 
     by_name = {r["method"]: r for r in rows}
     curves = {c.family: c for c in suite.curves}

@@ -17,8 +17,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-from taut.report.frontier import pareto_frontier
-from taut.report.runs import RunResults, change_pct, value
+from taut.lab.report.frontier import pareto_frontier
+from taut.lab.report.runs import RunResults, change_pct, value
 
 # Okabe–Ito, colour-blind safe, without its yellow (unreadable on white); tab10 after that.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B"]

@@ -24,11 +24,25 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from taut.evaluate import finite
-from taut.config import ConfigError, EvalConfig, PhaseConfig, RLConfig, RunConfig, SelectionConfig, ValidationConfig, read_yaml
+from taut.checkpoint import chosen_checkpoint, run_finished
+from taut.config import (
+    ConfigError,
+    EvalConfig,
+    PhaseConfig,
+    RLConfig,
+    RunConfig,
+    SelectionConfig,
+    ValidationConfig,
+    read_yaml,
+)
+from taut.evaluate import finite, read_outcomes
+from taut.lab.report import compare
 from taut.length import StrategyConfig
+from taut.metrics import overthinking, shortest_correct, underthinking
+from taut.rl.trainer import train_rl
 from taut.runlog import console
 from taut.schema import Strict
+from taut.workflows import evaluate_target
 
 DISCUSSION_START, DISCUSSION_END = "<!-- discussion -->", "<!-- /discussion -->"
 
@@ -58,7 +72,7 @@ class BenchConfig(Strict):
 
 
 def load_bench(path: Path, quick: bool = False) -> BenchConfig:
-    """A plain bench recipe (a suite recipe, which expands sweeps, loads with taut.bench.suite.load_any_bench)."""
+    """A plain bench recipe (a suite recipe, which expands sweeps, loads with taut.lab.bench.suite.load_any_bench)."""
     raw = read_yaml(path)
     quick_overrides = raw.pop("quick", {})
     if quick:
@@ -93,10 +107,6 @@ def _run_config(bench: BenchConfig, model: str, steps: int, seed: int, method: M
 
 
 def run_bench(bench: BenchConfig, out: Path, benchmarks_md: Path | None, command: str) -> dict[str, Any]:
-    from taut.checkpoint import chosen_checkpoint, run_finished
-    from taut.rl.trainer import train_rl
-    from taut.workflows import evaluate_target
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -162,10 +172,6 @@ def _run_method(bench: BenchConfig, method: Method, seed: int, start_ckpt: Path,
                 out: Path) -> tuple[str, dict[str, Any], bool]:
     """Train one method with one seed from the start (unless its run is done) and evaluate it:
     (key, result, whether the run was found done)."""
-    from taut.checkpoint import chosen_checkpoint, run_finished
-    from taut.rl.trainer import train_rl
-    from taut.workflows import evaluate_target
-
     key = f"{method.name}/seed{seed}"
     run_dir = out / method.name / f"seed{seed}"
     tick = time.perf_counter()
@@ -246,9 +252,6 @@ def add_efficiency(start: dict, start_path: Path, results: dict[str, Any]) -> No
     overthinking (tokens over the shortest correct answer to the same problem in any evaluation
     of the matrix, ThoughtTerminator's O_g) and underthinking (points of accuracy lost on the
     problems the start solved; taut.metrics). nan where a samples file is missing."""
-    from taut.evaluate import read_outcomes
-    from taut.metrics import overthinking, shortest_correct, underthinking
-
     start_out = read_outcomes(Path(start_path).with_suffix(".samples.jsonl"))
     runs = [(e, read_outcomes(method_samples_path(r, e)) if "run_dir" in r and "checkpoint" in e else None)
             for r in results.values() for e in r["evals"].values()]
@@ -294,8 +297,6 @@ def summarise(start: dict, results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _figures(out: Path, results: dict[str, Any]) -> dict[str, Path]:
     """The comparison report over one seed of every method (the Pareto and dynamics figures)."""
-    from taut.report import compare
-
     firsts: dict[str, str] = {}
     for r in results.values():
         firsts.setdefault(r["method"], r["run_dir"])

@@ -37,6 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taut.config import RunConfig
+from taut.models.loading import load_policy
+from taut.rl.trainer import train_rl
+from taut.runlog import read_metrics
+from taut.tasks import load_task
 
 # `--real`: one-digit additions, where SmolLM2-135M-Instruct samples right answers 34–53 % of the time,
 # so groups have mixed rewards and both trainers update on every step
@@ -75,8 +80,6 @@ class Workload:
 def _config(w: Workload):
     """taut's run configuration for the workload; the TRL side takes its model, task and LoRA
     settings from it too, so that both sides train the same thing."""
-    from taut.config import RunConfig
-
     return RunConfig.model_validate({
         "seed": w.seed,
         "model": {"path": w.model, "threads": w.threads, "dtype": w.dtype, "keep_freed_memory": w.keep_freed_memory,
@@ -91,17 +94,12 @@ def _config(w: Workload):
 
 
 def _prompts(w: Workload):
-    from taut.tasks import load_task
-
     task = load_task(_config(w).data.train[0])
     return task, task.problems("train", 8, seed=w.seed)
 
 
 def run_taut(w: Workload) -> dict[str, Any]:
     import torch
-
-    from taut.rl.trainer import train_rl
-    from taut.runlog import read_metrics
 
     torch.set_num_threads(w.threads)
     config = _config(w)
@@ -123,8 +121,6 @@ def run_trl(w: Workload) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from taut.models.loading import load_policy
 
     torch.set_num_threads(w.threads)
     config = _config(w)
@@ -238,8 +234,6 @@ def model_shapes(w: Workload) -> dict[str, Any]:
     lookups not) and the mean prompt length of the workload's prompts."""
     import torch
 
-    from taut.models.loading import load_policy
-
     policy = load_policy(_config(w).model.model_copy(update={"lora": None}))
     shapes = [tuple(m.weight.shape) for m in policy.model.modules()
               if isinstance(m, torch.nn.Linear)]
@@ -335,7 +329,7 @@ def worker_main(argv: list[str]) -> None:
 
 def worker(side: str, w: Workload) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, "-m", "taut.bench.speed", side, json.dumps(w.__dict__), f.name]
+        cmd = [sys.executable, "-m", "taut.lab.bench.speed", side, json.dumps(w.__dict__), f.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=_worker_env(w.threads))
         return json.loads(Path(f.name).read_text())
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from taut.report.figures import Drawn, Omitted
-from taut.report.summary import COLUMNS, EFFICIENCY, best_rows, formatted
+from taut.lab.report.figures import Drawn, Omitted
+from taut.lab.report.summary import COLUMNS, EFFICIENCY, best_rows, formatted
 
 CSS = """
 :root { --ink: #1f2328; --muted: #5f6b7a; --line: #e3e6ea; --card: #ffffff; --bg: #f5f6f8; --best: #e8f4ee; }

@@ -1,6 +1,6 @@
 """The overthinking study on SmolLM2-135M-Instruct, in one command (`make study-arith`).
 
-For each method (recipes/real/smollm2-arith-{control,siri,mastery,dapo}.yaml): train it (or
+For each method (builtin:real/smollm2-arith-{control,siri,mastery,dapo}, recipes/real/): train it (or
 resume it, or skip it when it is done), evaluate the checkpoint the run stands for on the test
 split, sampled (the recipe's eval: T 0.7, 4 samples) and greedy; evaluate the start once the same
 two ways (its files copied into every run); draw every run with `taut compare`; write the table
@@ -14,7 +14,7 @@ Every step is a `taut` command, printed before it runs, so that any of them can 
 hand. `--smoke` shrinks everything (2 steps of 2 × 2 rollouts of 16 tokens, 2 problems per level)
 to check the pipeline in a few minutes (`make test-slow` runs it).
 
-    python scripts/arith_study.py --out runs/arith [--methods control,mastery] [--threads 1] [--workers 2] [--smoke]
+    python -m taut.lab.arith_study --out runs/arith [--methods control,mastery] [--threads 1] [--workers 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from pathlib import Path
 
 from taut.checkpoint import chosen_checkpoint, run_finished
 
-ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("control", "siri", "mastery", "dapo")
 TASKS = (("basic_arithmetic/1", "additions (L1)"), ("basic_arithmetic/2", "additions and subtractions (L2)"),
          ("products/1", "products (unseen)"))
@@ -49,8 +48,8 @@ SMOKE_BY_METHOD = {
 }
 
 
-def recipe(method: str) -> Path:
-    return ROOT / "recipes" / "real" / f"smollm2-arith-{method}.yaml"
+def recipe(method: str) -> str:
+    return f"builtin:real/smollm2-arith-{method}"
 
 
 class StepFailed(Exception):

@@ -13,14 +13,13 @@ older one) gets nan, shown as "–".
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from taut.evaluate import read_outcomes
 from taut.metrics import Outcomes, overthinking, shortest_correct, underthinking
-from taut.report.runs import EVAL_DIR, Evaluation, RunResults
+from taut.lab.report.runs import EVAL_DIR, Evaluation, RunResults
 
 
 def sample_outcomes(run_dir: Path, evaluation: Evaluation) -> Outcomes | None:

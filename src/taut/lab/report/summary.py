@@ -16,7 +16,7 @@ from typing import Any, Callable
 from rich import box
 from rich.table import Table
 
-from taut.report.runs import Evaluation, RunResults, change_pct, value
+from taut.lab.report.runs import Evaluation, RunResults, change_pct, value
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ COLUMNS = [
 ]
 
 
-# the field's efficiency measures (taut.metrics, taut.report.efficiency): a table of their own in the terminal
+# the field's efficiency measures (taut.metrics, taut.lab.report.efficiency): a table of their own in the terminal
 EFFICIENCY = [
     Column("tokens_per_correct", "tokens per correct", _tokens, "min",
            "every token spent, right or wrong, per correct answer", "tokens per correct"),

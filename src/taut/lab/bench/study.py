@@ -52,8 +52,14 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from taut.bench.suite import write_section
+from taut.builtin_recipes import resolve_recipe
+from taut.checkpoint import run_finished
 from taut.config import ConfigError, RunConfig, read_yaml, to_yaml
+from taut.evaluate import read_outcomes
+from taut.lab.bench.suite import write_section
+from taut.metrics import overthinking, shortest_correct, underthinking
+from taut.models.loading import resolve_model_path
+from taut.models.policy import ADAPTER_DIR
 from taut.schema import Strict
 
 CELL_FILES = ("config.yaml", "cell.json")
@@ -139,8 +145,6 @@ def merge(a: Any, b: Any) -> Any:
 def cell_config(study: Study, method: StudyMethod | None, seed: int) -> RunConfig:
     """The run config of one cell: the base recipe, the study's fields, the method's, the seed,
     the start and the thread count."""
-    from taut.builtin_recipes import resolve_recipe
-
     raw = read_yaml(resolve_recipe(study.base))
     raw = merge(raw, study.set)
     if method is not None:
@@ -181,9 +185,6 @@ def cell_start(folder: Path) -> str | None:
 def start_fingerprint(path: str) -> str:
     """A short hash of the start's weights (its model and adapter safetensors): a cell made from
     other weights under the same name is not this study's."""
-    from taut.models.loading import resolve_model_path
-    from taut.models.policy import ADAPTER_DIR
-
     where = Path(resolve_model_path(path))
     files = [f for f in (where / "model.safetensors", where / ADAPTER_DIR / "adapter_model.safetensors") if f.is_file()]
     digest = hashlib.blake2b(digest_size=8)
@@ -218,8 +219,6 @@ def run_cell(study: Study, results: Path, runs: Path, cell: Cell, start: str) ->
     """Train (unless it is the start) and evaluate one cell; copy its small files into `results`.
     `start` is the start's fingerprint: files and runs made from other weights are discarded."""
     import shutil
-
-    from taut.checkpoint import run_finished
 
     method = None if cell.method == "start" else next(m for m in study.methods if m.name == cell.method)
     config = cell_config(study, method, cell.seed)
@@ -311,8 +310,6 @@ def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
 
 
 def _start_exists(path: str) -> bool:
-    from taut.models.loading import resolve_model_path
-
     try:
         resolve_model_path(path)
     except FileNotFoundError:
@@ -374,9 +371,6 @@ def efficiency(cells: dict[str, dict[int, dict]], mode: str) -> dict[str, dict[s
     """Per method, means over seeds: global overthinking (tokens over the shortest correct
     response to the same problem among every evaluation of that seed, ThoughtTerminator's O_g)
     and underthinking (points lost on the problems the start solved; taut.metrics)."""
-    from taut.evaluate import read_outcomes
-    from taut.metrics import overthinking, shortest_correct, underthinking
-
     per_method: dict[str, list[tuple[float, float]]] = {}
     seeds = sorted({s for by_seed in cells.values() for s in by_seed})
     for seed in seeds:

@@ -19,8 +19,8 @@ import matplotlib
 from rich import box
 from rich.table import Table
 
-from taut.report.figures import NEEDS_TWO, STYLE, Drawn, Omitted, _figure, _nan_to_none, _signed
-from taut.report.runs import RunResults, change_pct, value
+from taut.lab.report.figures import NEEDS_TWO, STYLE, Drawn, Omitted, _figure, _nan_to_none, _signed
+from taut.lab.report.runs import RunResults, change_pct, value
 
 NAME, TITLE = "transfer_by_suite", "Transfer: training domain vs. unseen suites"
 
