@@ -371,43 +371,11 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
             "model and optimizer": n * weight_bytes + trainable * weight_bytes * (3 + (3 if section.undo_nonfinite_steps else 0))}
     peaks: dict[str, tuple[float, str]] = {}          # phase: (bytes, the setting that bounds it)
     if command == "sft":
-        if sft_tokens is None:
-            sft_tokens = TESTBED_SFT_TOKENS if _testbed_lengths(config.data.sft, shape) else (shape.context or TESTBED_SFT_TOKENS)
-            if not _testbed_lengths(config.data.sft, shape):
-                assumed.append(f"SFT examples of {sft_tokens} tokens")
-        tokens = config.sft.batch_size * sft_tokens
-        # the logits: of every position, or (head on hidden states) of one chunk of response tokens (taut.sft.response_loss)
-        logit_tokens = min(tokens, LOSS_CHUNK_TOKENS) if shape.head_on_hidden else tokens
-        peaks["update"] = (copies + tokens * per_token + logit_tokens * shape.vocab * SFT_LOGIT_BYTES,
-                           f"sft.batch_size (now {config.sft.batch_size} examples of up to {sft_tokens} tokens a step)")
+        peaks["update"] = _sft_update_peak(config, shape, sft_tokens, copies, per_token, assumed)
     else:
-        rl = config.rl
-        if prompt_tokens is None:
-            prompt_tokens = TESTBED_PROMPT_TOKENS if _testbed_lengths(config.data.train, shape) else PROMPT_TOKENS_ASSUMED
-            if not _testbed_lengths(config.data.train, shape):
-                assumed.append(f"prompts of {prompt_tokens} tokens")
-        cap, _ = largest_rollout_cap(config)
-        row = prompt_tokens + cap
-        rows = rl.prompts_per_step * rl.group_size
-        together = min(rows, max(1, rl.rollout_rows // rl.group_size) * rl.group_size)
-        kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * low
-        sampled = 12 if rl.records_rollout_logprobs else 8                          # token ids (+ log-probs) per row and step
-        peaks["generation"] = (copies + together * (1.5 * row * kv_per_token + cap * sampled + shape.vocab * SAMPLING_BYTES),
-                               f"rl.group_size (now {rl.group_size}: a prompt's rollouts are generated together)"
-                               if rl.group_size > rl.rollout_rows else
-                               f"rl.rollout_rows (now {together} rollouts generated together) or rl.max_new_tokens")
-        val_rows = min(_validation_rows(config), rl.rollout_rows)
-        if val_rows:
-            peaks["validation"] = (copies + val_rows * (1.5 * (prompt_tokens + rl.max_new_tokens) * kv_per_token
-                                                        + shape.vocab * SAMPLING_BYTES),
-                                   "validation.n_per_level or validation.samples")
-        micro = min(max(rl.micro_batch_tokens, row), rows * row)                   # tokens in one micro-batch
-        logits = (min(micro, rows * cap) if shape.head_on_hidden else micro) * shape.vocab * RL_LOGIT_BYTES
-        peaks["update"] = (copies + micro * per_token + logits,
-                           f"rl.micro_batch_tokens (now {rl.micro_batch_tokens})" if rl.micro_batch_tokens >= row
-                           else f"rl.max_new_tokens (one rollout of {row} tokens is a micro-batch)")
-        held["rollout data"] = rows * row * ROW_TOKEN_BYTES
-        if rl.kl_coef > 0:
+        peaks |= _rl_peaks(config, shape, prompt_tokens, copies, per_token, low, assumed)
+        held["rollout data"] = _rollout_rows_bytes(config, shape, prompt_tokens)
+        if config.rl.kl_coef > 0:
             held["reference model"] = n * weight_bytes
     phase = max(peaks, key=lambda name: peaks[name][0])
     parts = {**held, phase: peaks[phase][0]}
@@ -423,6 +391,67 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
         advice["update"] += f", or set {command if command == 'sft' else 'rl'}.activation_checkpointing=true"
     largest = max((name for name in advice if name in parts), key=lambda name: parts[name])
     return Estimate(parts, advice[largest], assumed, gpu)
+
+
+def _sft_update_peak(config: RunConfig, shape: ModelShape, sft_tokens: int | None, copies: float, per_token: float,
+                     assumed: list[str]) -> tuple[float, str]:
+    """An SFT step's peak on top of what is held: `sft.batch_size` × the longest example, with the
+    logits of every position (or, head on hidden states, of one chunk of response tokens)."""
+    if sft_tokens is None:
+        sft_tokens = TESTBED_SFT_TOKENS if _testbed_lengths(config.data.sft, shape) else (shape.context or TESTBED_SFT_TOKENS)
+        if not _testbed_lengths(config.data.sft, shape):
+            assumed.append(f"SFT examples of {sft_tokens} tokens")
+    tokens = config.sft.batch_size * sft_tokens
+    # the logits: of every position, or (head on hidden states) of one chunk of response tokens (taut.sft.response_loss)
+    logit_tokens = min(tokens, LOSS_CHUNK_TOKENS) if shape.head_on_hidden else tokens
+    return (copies + tokens * per_token + logit_tokens * shape.vocab * SFT_LOGIT_BYTES,
+            f"sft.batch_size (now {config.sft.batch_size} examples of up to {sft_tokens} tokens a step)")
+
+
+def _rl_prompt_tokens(config: RunConfig, shape: ModelShape, prompt_tokens: int | None, assumed: list[str] | None = None) -> int:
+    if prompt_tokens is not None:
+        return prompt_tokens
+    if _testbed_lengths(config.data.train, shape):
+        return TESTBED_PROMPT_TOKENS
+    if assumed is not None:
+        assumed.append(f"prompts of {PROMPT_TOKENS_ASSUMED} tokens")
+    return PROMPT_TOKENS_ASSUMED
+
+
+def _rollout_rows_bytes(config: RunConfig, shape: ModelShape, prompt_tokens: int | None) -> float:
+    """Every rollout's tokens in Python lists and batch tensors."""
+    rl = config.rl
+    return rl.prompts_per_step * rl.group_size * (_rl_prompt_tokens(config, shape, prompt_tokens) + largest_rollout_cap(config)[0]) \
+        * ROW_TOKEN_BYTES
+
+
+def _rl_peaks(config: RunConfig, shape: ModelShape, prompt_tokens: int | None, copies: float, per_token: float, low: float,
+              assumed: list[str]) -> dict[str, tuple[float, str]]:
+    """An RL step's peaks on top of what is held — generation, validation, the update — each with
+    the setting that bounds it."""
+    rl = config.rl
+    prompt_tokens = _rl_prompt_tokens(config, shape, prompt_tokens, assumed)
+    cap, _ = largest_rollout_cap(config)
+    row = prompt_tokens + cap
+    rows = rl.prompts_per_step * rl.group_size
+    together = min(rows, max(1, rl.rollout_rows // rl.group_size) * rl.group_size)
+    kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * low
+    sampled = 12 if rl.records_rollout_logprobs else 8                          # token ids (+ log-probs) per row and step
+    peaks = {"generation": (copies + together * (1.5 * row * kv_per_token + cap * sampled + shape.vocab * SAMPLING_BYTES),
+                            f"rl.group_size (now {rl.group_size}: a prompt's rollouts are generated together)"
+                            if rl.group_size > rl.rollout_rows else
+                            f"rl.rollout_rows (now {together} rollouts generated together) or rl.max_new_tokens")}
+    val_rows = min(_validation_rows(config), rl.rollout_rows)
+    if val_rows:
+        peaks["validation"] = (copies + val_rows * (1.5 * (prompt_tokens + rl.max_new_tokens) * kv_per_token
+                                                    + shape.vocab * SAMPLING_BYTES),
+                               "validation.n_per_level or validation.samples")
+    micro = min(max(rl.micro_batch_tokens, row), rows * row)                   # tokens in one micro-batch
+    logits = (min(micro, rows * cap) if shape.head_on_hidden else micro) * shape.vocab * RL_LOGIT_BYTES
+    peaks["update"] = (copies + micro * per_token + logits,
+                       f"rl.micro_batch_tokens (now {rl.micro_batch_tokens})" if rl.micro_batch_tokens >= row
+                       else f"rl.max_new_tokens (one rollout of {row} tokens is a micro-batch)")
+    return peaks
 
 
 def _is_gym(spec: TaskSpec) -> bool:

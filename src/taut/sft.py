@@ -196,7 +196,6 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
         policy = load_policy(config.model, seed=config.seed)
     after_load(config, "sft", policy)             # the longest example against the context; memory
     model = policy.model
-    device = model.device
     model.train()
     if sft.activation_checkpointing:
         enable_activation_checkpointing(model)
@@ -214,22 +213,9 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
         if held_back and start == 0:
             log.write({"step": 0, "val_loss": validation_loss(policy, held_back, sft.batch_size)})
         for step in range(start, sft.steps):
-            lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            ids, labels = encode_batch(policy, _bucketed(config, step))
-            ids, labels = ids.to(device), labels.to(device)
-            target = labels[:, 1:]                                              # [B, T-1]
-            token_loss = response_loss(policy, ids, target)
-            loss = token_loss * sft.bucket_batches / _bucket_tokens(config, policy, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), sft.grad_clip).item()
-            guard.step(grad_norm, where=f"sft step {step + 1}")        # a non-finite step is undone and counted
-
-            n_tokens = int((target != -100).sum())
+            lr, loss_sum, n_tokens, grad_norm = sft_step(config, policy, optimizer, guard, step)
             tokens_seen += n_tokens
-            window_loss += token_loss.item()
+            window_loss += loss_sum
             window_tokens += n_tokens
             done = step + 1
             if done % sft.log_every == 0 or done == sft.steps:
@@ -249,15 +235,38 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     final = latest_checkpoint(run_dir)
     chosen = select_lowest_validation_loss(run_dir) if held_back else None
     if not quiet:
-        console.print(f"sft: {sft.steps} steps, checkpoint [bold]{final}[/bold]")
-        if held_back:
-            curve = [r for r in read_metrics(run_dir) if "val_loss" in r]
-            best = min(curve, key=lambda r: r["val_loss"])
-            console.print(f"sft: validation loss {curve[0]['val_loss']:.4f} at step 0, lowest {best['val_loss']:.4f} at step "
-                          f"{best['step']}, {curve[-1]['val_loss']:.4f} at the end (metrics.jsonl has the curve)")
-            console.print(f"sft: the run stands for {chosen.name if chosen else final.name} "
-                          f"({'the checkpoint with the lowest validation loss' if chosen else 'no checkpoint was saved at a validation step'})")
+        print_summary(run_dir, sft.steps, final, chosen, bool(held_back))
     return final
+
+
+def sft_step(config: RunConfig, policy: Policy, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard,
+             step: int) -> tuple[float, float, int, float]:
+    """One optimizer step on the step's batch: (lr, summed response-token loss, response tokens, gradient norm)."""
+    sft = config.sft
+    lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    ids, labels = encode_batch(policy, _bucketed(config, step))
+    ids, labels = ids.to(policy.model.device), labels.to(policy.model.device)
+    target = labels[:, 1:]                                              # [B, T-1]
+    token_loss = response_loss(policy, ids, target)
+    loss = token_loss * sft.bucket_batches / _bucket_tokens(config, policy, step)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), sft.grad_clip).item()
+    guard.step(grad_norm, where=f"sft step {step + 1}")        # a non-finite step is undone and counted
+    return lr, token_loss.item(), int((target != -100).sum()), grad_norm
+
+
+def print_summary(run_dir: Path, steps: int, final: Path, chosen: Path | None, validated: bool) -> None:
+    console.print(f"sft: {steps} steps, checkpoint [bold]{final}[/bold]")
+    if validated:
+        curve = [r for r in read_metrics(run_dir) if "val_loss" in r]
+        best = min(curve, key=lambda r: r["val_loss"])
+        console.print(f"sft: validation loss {curve[0]['val_loss']:.4f} at step 0, lowest {best['val_loss']:.4f} at step "
+                      f"{best['step']}, {curve[-1]['val_loss']:.4f} at the end (metrics.jsonl has the curve)")
+        console.print(f"sft: the run stands for {chosen.name if chosen else final.name} "
+                      f"({'the checkpoint with the lowest validation loss' if chosen else 'no checkpoint was saved at a validation step'})")
 
 
 def select_lowest_validation_loss(run_dir: Path) -> Path | None:

@@ -70,20 +70,14 @@ def export_lowrank(checkpoint: Path, out: Path, base_path: str, rank: int, embed
             key = name.removeprefix("base_model.model.") + ".weight"
             kind = name.rsplit(".", 1)[-1]
             if hasattr(module, "lora_A") and key in tuned:
-                change = tuned[key].float() - base[key]
-                r = embedding_rank if kind in embedding else rank
-                u, s, vh = torch.linalg.svd(change, full_matrices=False)
-                k = min(r, len(s))                # a rank above the matrix's own: zero factors beyond it
-                root = s[:k].sqrt()
-                left, right = change.new_zeros(change.shape[0], r), change.new_zeros(r, change.shape[1])
-                left[:, :k], right[:k] = u[:, :k] * root, root[:, None] * vh[:k]          # change ≈ left @ right
+                left, right, share = lowrank_factors(tuned[key].float() - base[key], embedding_rank if kind in embedding else rank)
                 if kind in embedding:         # peft: Δ = (B @ A)ᵀ with A [r, vocab], B [dim, r]
                     module.lora_embedding_A["default"].copy_(left.T)
                     module.lora_embedding_B["default"].copy_(right.T)
                 else:                         # peft: Δ = B @ A with A [r, in], B [out, r]
                     module.lora_A["default"].weight.copy_(right)
                     module.lora_B["default"].weight.copy_(left)
-                kept.setdefault(kind, []).append(float((s[:r] ** 2).sum() / (s ** 2).sum()) if s.any() else 1.0)
+                kept.setdefault(kind, []).append(share)
             elif hasattr(module, "modules_to_save") and key in tuned:
                 module.modules_to_save["default"].weight.copy_(tuned[key].float())
     target = Path(out) / ADAPTER_DIR
@@ -94,3 +88,14 @@ def export_lowrank(checkpoint: Path, out: Path, base_path: str, rank: int, embed
     (target / BASE_FILE).write_text(json.dumps({"path": base_path, "preset": None, "seed": None,
                                                 "lowrank": {"rank": rank, "embedding_rank": embedding_rank}}, indent=1))
     return {kind: sum(v) / len(v) for kind, v in kept.items()}
+
+
+def lowrank_factors(change: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """left [out, r] and right [r, in] with left @ right the truncated SVD of `change` at rank r
+    (zero factors beyond the matrix's own rank), and the share of its squared norm they keep."""
+    u, s, vh = torch.linalg.svd(change, full_matrices=False)
+    k = min(r, len(s))
+    root = s[:k].sqrt()
+    left, right = change.new_zeros(change.shape[0], r), change.new_zeros(r, change.shape[1])
+    left[:, :k], right[:k] = u[:, :k] * root, root[:, None] * vh[:k]
+    return left, right, float((s[:r] ** 2).sum() / (s ** 2).sum()) if s.any() else 1.0

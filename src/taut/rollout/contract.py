@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from taut.rollout.hf import _HFCache
+from taut.rollout.hf import _HFCache, left_padded
 
 TOLERANCE_ULPS = 8.0
 
@@ -43,18 +43,6 @@ def bf16_units(deviation: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return deviation / torch.exp2(torch.floor(torch.log2(scale)) - 7)
 
 
-def padded(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids [R, W] and their attention mask."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids.to(device), mask.to(device)
-
-
-@torch.inference_mode()
 def greedy_trace(cache, ids: torch.Tensor, mask: torch.Tensor, steps: int, autocast=contextlib.nullcontext):
     """Greedy decoding through a decode path's cache object (`FastDecoder`, or the generic
     path's): the tokens [R, steps] and the logits each was chosen from [R, steps, V] (fp32)."""
@@ -108,7 +96,7 @@ def check(model, cache, prompts: list[list[int]], pad_id: int, steps: int, autoc
     every step's logits with the model's forward on the same prefix, and its tokens with
     Hugging Face's own cached decode — `model.generate`'s arithmetic, the generic path — up to
     each row's first near tie."""
-    ids, mask = padded(prompts, pad_id, model.device)
+    ids, mask = left_padded(prompts, pad_id, model.device)
     tokens, logits = greedy_trace(cache, ids, mask, steps, autocast)
     expected, _ = greedy_trace(_HFCache(model), ids, mask, steps, autocast)
     reference = reference_logits(model, ids, mask, tokens, autocast)

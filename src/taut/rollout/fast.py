@@ -71,6 +71,25 @@ def _weight(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return (base.weight if delta is None else base.weight + delta.to(base.weight.dtype)), base.bias
 
 
+def _fused_layer(layer, weight, cast) -> dict[str, torch.Tensor | None]:
+    """A decoder layer's weights for the fast path: q, k and v in one product, gate and up in
+    another (`weight` casts and packs a product's weight, `cast` a bias)."""
+    a, m = layer.self_attn, layer.mlp
+    (q, q_bias), (k, k_bias), (v, v_bias) = (_weight(p) for p in (a.q_proj, a.k_proj, a.v_proj))
+    o, o_bias = _weight(a.o_proj)
+    biases = [q_bias, k_bias, v_bias]
+    return {
+        "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+        "qkv": weight(torch.cat([q, k, v])),
+        "qkv_bias": cast(torch.cat(biases)) if all(b is not None for b in biases) else None,
+        "o": weight(o), "o_bias": cast(o_bias),
+        "gate_up": weight(torch.cat([_weight(m.gate_proj)[0], _weight(m.up_proj)[0]])),
+        "down": weight(_weight(m.down_proj)[0]),
+        "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,     # Qwen3 normalises q and k per head
+        "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
+    }
+
+
 class FastDecoder:
     def __init__(self, model, pack: bool = True, native: bool = True):
         model = unwrap(model)                # the forward of a peft model's base model applies the adapters
@@ -116,22 +135,7 @@ class FastDecoder:
 
         head, head_bias = _weight(model.lm_head)
         self.head, self.head_bias = weight(head), cast(head_bias)
-        self.layers = []
-        for layer in self.inner.layers:
-            a, m = layer.self_attn, layer.mlp
-            (q, q_bias), (k, k_bias), (v, v_bias) = (_weight(p) for p in (a.q_proj, a.k_proj, a.v_proj))
-            o, o_bias = _weight(a.o_proj)
-            biases = [q_bias, k_bias, v_bias]
-            self.layers.append({
-                "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
-                "qkv": weight(torch.cat([q, k, v])),
-                "qkv_bias": cast(torch.cat(biases)) if all(b is not None for b in biases) else None,
-                "o": weight(o), "o_bias": cast(o_bias),
-                "gate_up": weight(torch.cat([_weight(m.gate_proj)[0], _weight(m.up_proj)[0]])),
-                "down": weight(_weight(m.down_proj)[0]),
-                "q_norm": a.q_norm.weight if hasattr(a, "q_norm") else None,     # Qwen3 normalises q and k per head
-                "k_norm": a.k_norm.weight if hasattr(a, "k_norm") else None,
-            })
+        self.layers = [_fused_layer(layer, weight, cast) for layer in self.inner.layers]
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.valid: torch.Tensor | None = None           # [R, capacity] columns a row may attend to

@@ -122,14 +122,7 @@ class HFEngine:
         was_training = model.training
         model.eval()
         try:
-            seqs = [list(p) + list(prefix) for p in prompts]
-            width = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for i, s in enumerate(seqs):                      # left padding
-                ids[i, width - len(s):] = torch.tensor(s)
-                mask[i, width - len(s):] = 1
-            ids, mask = ids.to(device), mask.to(device)
+            ids, mask = left_padded([list(p) + list(prefix) for p in prompts], self.pad_id, device)
             position = (mask.cumsum(-1) - 1).clamp(min=0)     # [P, W]
 
             # ---- prefill each distinct prompt once, then repeat for its n samples ----------
@@ -174,19 +167,36 @@ class HFEngine:
         finally:
             model.train(was_training)
 
-        lengths = length.tolist()
-        token_rows = tokens.tolist()
-        ended_list = ended.tolist()
-        logprob_rows = None
-        if record:
-            values = logprobs.tolist()
-            logprob_rows = [[float("nan")] * len(prefix) + values[r][: lengths[r]] for r in range(rows)]
-        return Rollouts(
-            prompt_index=[r // n for r in range(rows)],
-            tokens=[list(prefix) + token_rows[r][: lengths[r]] for r in range(rows)],
-            truncated=[not e for e in ended_list],
-            logprobs=logprob_rows,
-        )
+        return as_rollouts(tokens, length, ended, logprobs, prefix, n)
+
+
+def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids [R, W] and their attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def as_rollouts(tokens: torch.Tensor, length: torch.Tensor, ended: torch.Tensor, logprobs: torch.Tensor | None,
+                prefix: list[int], n: int) -> Rollouts:
+    """The decode buffers as Rollouts: each row's tokens up to its length, after the forced prefix."""
+    rows = tokens.shape[0]
+    lengths = length.tolist()
+    token_rows = tokens.tolist()
+    logprob_rows = None
+    if logprobs is not None:
+        values = logprobs.tolist()
+        logprob_rows = [[float("nan")] * len(prefix) + values[r][: lengths[r]] for r in range(rows)]
+    return Rollouts(
+        prompt_index=[r // n for r in range(rows)],
+        tokens=[list(prefix) + token_rows[r][: lengths[r]] for r in range(rows)],
+        truncated=[not e for e in ended.tolist()],
+        logprobs=logprob_rows,
+    )
 
 
 class _HFCache:
