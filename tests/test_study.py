@@ -208,3 +208,14 @@ def test_the_real_study_smoke_runs_every_method_from_the_cli_and_writes_its_sect
     assert "taut train" in first.stdout and "<!-- suite:real -->" in md.read_text()
     second = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert second.returncode == 0 and "9 of 9 cells done" in second.stdout and "taut train" not in second.stdout
+
+
+def test_a_cell_command_appends_its_line_and_output_to_the_log_and_a_failure_names_its_status(tmp_path):
+    from taut.lab.bench.study import StudyError, taut_command
+
+    log = tmp_path / "seed0.log"
+    assert taut_command("--help", log=log) > 0
+    with pytest.raises(StudyError, match="exit status 2"):
+        taut_command("no-such-command", log=log)
+    text = log.read_text()
+    assert text.count("$ ") == 2 and "Usage" in text and "no-such-command" in text

@@ -20,18 +20,15 @@ to check the pipeline in a few minutes (`make test-slow` runs it).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shlex
 import shutil
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from taut.checkpoint import chosen_checkpoint, run_finished
+from taut.lab.commands import CommandFailed, run_taut
 
 METHODS = ("control", "siri", "mastery", "dapo")
 TASKS = (("basic_arithmetic/1", "additions (L1)"), ("basic_arithmetic/2", "additions and subtractions (L2)"),
@@ -52,25 +49,12 @@ def recipe(method: str) -> str:
     return f"builtin:real/smollm2-arith-{method}"
 
 
-class StepFailed(Exception):
-    """A taut command of the study exited with an error (its own message is above it)."""
+StepFailed = CommandFailed          # a taut command of the study exited with an error
 
 
 def taut(*args: str, log: Path | None = None) -> tuple[float, float]:
-    """Run one taut command (printed first; its output to `log` when given); its wall and CPU
-    seconds, the CPU of that command alone (so that commands run side by side are timed apart).
-    A failure stops the study."""
-    command = [str(Path(sys.executable).parent / "taut"), *args]
-    shown = " ".join(shlex.quote(a) for a in command) + (f" > {shlex.quote(str(log))} 2>&1" if log else "")
-    print(f"$ {shown}", flush=True)          # one write: commands run side by side print whole lines
-    tick = time.perf_counter()
-    with open(log, "w") if log else contextlib.nullcontext() as sink:
-        child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT if log else None)
-        _, status, usage = os.wait4(child.pid, 0)
-    if (code := os.waitstatus_to_exitcode(status)) != 0:
-        raise StepFailed(f"the study stopped: exit status {code} from\n  {shown}\n"
-                         f"fix the cause and run the study again: done steps are skipped, a cut run resumes")
-    return time.perf_counter() - tick, usage.ru_utime + usage.ru_stime
+    """Run one taut command (taut.lab.commands.run_taut): its wall and CPU seconds. A failure stops the study."""
+    return run_taut(*args, log=log)
 
 
 def sets(overrides: list[str]) -> list[str]:
@@ -255,5 +239,6 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except StepFailed as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: the study stopped: {err}\nfix the cause and run the study again: done steps are skipped, "
+              f"a cut run resumes", file=sys.stderr)
         sys.exit(1)

@@ -26,16 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from taut.checkpoint import chosen_checkpoint
-
+from taut.lab.commands import CommandFailed, run_taut
 
 SFT = "builtin:real/smollm2-written-sft"
 CONTROL = "builtin:real/smollm2-written-control"
@@ -52,13 +49,11 @@ FULL_N = 100
 
 
 def taut(*args: str) -> float:
-    """Run one taut command (printed first); its wall seconds. A failure stops the script."""
-    command = [str(Path(sys.executable).parent / "taut"), *args]
-    print("$ " + " ".join(shlex.quote(a) for a in command), flush=True)
-    tick = time.perf_counter()
-    if subprocess.run(command).returncode != 0:
-        raise SystemExit(f"error: the step above failed; fix the cause and rerun {Path(__file__).name}: done steps are skipped")
-    return time.perf_counter() - tick
+    """Run one taut command (taut.lab.commands.run_taut); its wall seconds. A failure stops the script."""
+    try:
+        return run_taut(*args)[0]
+    except CommandFailed as err:
+        raise SystemExit(f"error: {err}\nfix the cause and rerun python -m taut.lab.written_start: done steps are skipped") from None
 
 
 def sets(items: list[str]) -> list[str]:

@@ -40,10 +40,7 @@ import gzip
 import hashlib
 import json
 import math
-import shlex
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,6 +54,7 @@ from taut.checkpoint import run_finished
 from taut.config import ConfigError, RunConfig, read_yaml, to_yaml
 from taut.evaluate import read_outcomes
 from taut.lab.bench.suite import write_section
+from taut.lab.commands import CommandFailed, run_taut
 from taut.metrics import overthinking, shortest_correct, underthinking
 from taut.models.loading import resolve_model_path
 from taut.models.policy import ADAPTER_DIR
@@ -196,19 +194,11 @@ def start_fingerprint(path: str) -> str:
 
 
 def taut_command(*args: str, log: Path) -> float:
-    """Run one taut command (printed first, its output appended to `log`); its wall seconds."""
-    command = [str(Path(sys.executable).parent / "taut"), *args]
-    line = "$ " + " ".join(shlex.quote(a) for a in command)
-    print(line, flush=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    tick = time.perf_counter()
-    with open(log, "a") as f:
-        f.write(line + "\n")
-        f.flush()
-        code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        raise StudyError(f"the command above failed (exit {code}); its output: {log}")
-    return time.perf_counter() - tick
+    """Run one taut command (taut.lab.commands.run_taut; its output appended to `log`); its wall seconds."""
+    try:
+        return run_taut(*args, log=log, append=True)[0]
+    except CommandFailed as err:
+        raise StudyError(f"a command of the study failed: {err}") from None
 
 
 class StudyError(RuntimeError):

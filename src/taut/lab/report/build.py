@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from taut.evaluate import finite
+from taut.lab.report.efficiency import efficiency
 from taut.lab.report.figures import Drawn, Omitted, draw_all, run_colors
 from taut.lab.report.html import render
 from taut.lab.report.runs import RunResults, load_run, unique_labels
-from taut.lab.report.efficiency import efficiency
 from taut.lab.report.summary import summary_row
 from taut.lab.report.transfer import transfer_by_suite
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from taut.evaluate import read_outcomes
-from taut.metrics import Outcomes, overthinking, shortest_correct, underthinking
 from taut.lab.report.runs import EVAL_DIR, Evaluation, RunResults
+from taut.metrics import Outcomes, overthinking, shortest_correct, underthinking
 
 
 def sample_outcomes(run_dir: Path, evaluation: Evaluation) -> Outcomes | None:

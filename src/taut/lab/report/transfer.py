@@ -19,7 +19,15 @@ import matplotlib
 from rich import box
 from rich.table import Table
 
-from taut.lab.report.figures import NEEDS_TWO, STYLE, Drawn, Omitted, _figure, _nan_to_none, _signed
+from taut.lab.report.figures import (
+    NEEDS_TWO,
+    STYLE,
+    Drawn,
+    Omitted,
+    _figure,
+    _nan_to_none,
+    _signed,
+)
 from taut.lab.report.runs import RunResults, change_pct, value
 
 NAME, TITLE = "transfer_by_suite", "Transfer: training domain vs. unseen suites"
