@@ -1,4 +1,4 @@
-"""The RL loop: draw prompts → rollouts → grade and shape → update → observe → commit.
+"""The RL loop, one `train_step` at a time: generate and grade → shape → drop uninformative groups → advantages → update → observe and validate → commit.
 
 GRPO with DAPO's defaults (DESIGN §6): G rollouts per prompt at temperature 1, rewards shaped
 by the phase's length strategy, dynamic sampling that drops groups whose *shaped* rewards are
