@@ -1,4 +1,5 @@
-"""The RL loop, one `train_step` at a time: generate and grade → shape → drop uninformative groups → advantages → update → observe and validate → commit.
+"""The RL loop, one `train_step` at a time: generate and grade → shape → drop uninformative
+groups → advantages → update → observe and validate → commit.
 
 GRPO with DAPO's defaults (DESIGN §6): G rollouts per prompt at temperature 1, rewards shaped
 by the phase's length strategy, dynamic sampling that drops groups whose *shaped* rewards are
