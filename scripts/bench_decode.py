@@ -38,8 +38,8 @@ import time
 def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: int) -> dict:
     import torch
 
-    from taut.lab.bench.speed import REAL_TASK, Workload, _prompts
     from taut.config import ModelConfig
+    from taut.lab.bench.speed import REAL_TASK, Workload, _prompts
     from taut.models.loading import load_policy
     from taut.rollout import SamplingParams
     from taut.rollout.hf import HFEngine
@@ -69,8 +69,8 @@ def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> di
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from taut.lab.bench.speed import REAL_TASK, Workload, _prompts
     from taut.config import ModelConfig
+    from taut.lab.bench.speed import REAL_TASK, Workload, _prompts
     from taut.models.loading import load_policy
     from taut.rollout import SamplingParams, fast
     from taut.rollout.hf import HFEngine

@@ -22,8 +22,8 @@ def measure(prompts: int, n: int, tokens: int) -> dict:
 
     from taut.config import ModelConfig
     from taut.models.loading import load_policy
-    from taut.rollout import SamplingParams
     from taut.rl.objectives import sampling_gap
+    from taut.rollout import SamplingParams
     from taut.rollout.hf import HFEngine
     from taut.tasks.written import WrittenTask
 

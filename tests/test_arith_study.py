@@ -4,9 +4,9 @@ drawn and the table written; a second call finds everything done and trains noth
 
 import json
 
+import needs
 import pytest
 
-import needs
 from taut.checkpoint import chosen_checkpoint
 
 pytestmark = pytest.mark.slow

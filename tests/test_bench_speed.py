@@ -9,8 +9,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from taut.lab.bench.speed import Workload, limits
 from taut.cli import app
+from taut.lab.bench.speed import Workload, limits
 
 pytest.importorskip("trl")
 pytest.importorskip("reasoning_gym")

@@ -30,7 +30,13 @@ from taut.checkpoint import (
 from taut.config import ConfigError, FileTaskConfig, load_config
 from taut.rl.guard import NonFiniteGuard, TrainingDiverged, first_nonfinite
 from taut.rundir import LOCK_FILE, RunDirBusy, RunDirError, claim_run_dir, run_files
-from taut.tasks.files import CHARS_PER_TOKEN_BOUND, DataError, FileTask, PromptLimit, read_rows
+from taut.tasks.files import (
+    CHARS_PER_TOKEN_BOUND,
+    DataError,
+    FileTask,
+    PromptLimit,
+    read_rows,
+)
 
 SRC = str(Path(__file__).parent.parent / "src")
 
@@ -597,6 +603,7 @@ def test_zero_rl_steps_train_zero_steps(tmp_path):
 
 def _toy_run(**rl):
     import toytask  # noqa: F401  (registers the toy:… task)
+
     from taut.config import RunConfig
 
     return RunConfig.model_validate({
@@ -608,9 +615,9 @@ def _toy_run(**rl):
 
 
 def test_the_rl_loop_skips_non_finite_steps_and_stops_after_too_many(tmp_path, monkeypatch):
-    import taut.rl.objectives as objectives
     from safetensors.torch import load_file
 
+    import taut.rl.objectives as objectives
     from taut.rl.trainer import train_rl
 
     calls = {"n": 0}

@@ -8,8 +8,8 @@ import pytest
 import torch
 import yaml
 
-from taut.lab.bench.suite import level_stats, load_suite, suite_tables, write_section
 from taut.config import ConfigError, load_config
+from taut.lab.bench.suite import level_stats, load_suite, suite_tables, write_section
 from taut.length import REGISTRY, build_strategy
 from taut.length.base import GroupBatch
 from taut.length.mastery import MasteryGatedConfig, MasteryGatedNoGateConfig

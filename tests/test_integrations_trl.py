@@ -21,7 +21,12 @@ import torch
 
 pytest.importorskip("trl")
 
-from taut.integrations.trl import LengthCapCallback, StrategyReward, TaskVerifier, problems_dataset  # noqa: E402
+from taut.integrations.trl import (  # noqa: E402
+    LengthCapCallback,
+    StrategyReward,
+    TaskVerifier,
+    problems_dataset,
+)
 from taut.length import GroupBatch, build_strategy  # noqa: E402
 from taut.length.mastery import MasteryGatedConfig  # noqa: E402
 from taut.length.schedules import length_cap  # noqa: E402

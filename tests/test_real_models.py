@@ -193,8 +193,7 @@ def test_lora_checkpoint_is_merged_and_resumes_from_its_adapter(model_dir, tmp_p
 
     from transformers import AutoModelForCausalLM
 
-    from taut.checkpoint import load_optimizer, save_checkpoint
-    from taut.checkpoint import restore_weights
+    from taut.checkpoint import load_optimizer, restore_weights, save_checkpoint
     from taut.models.loading import load_policy, resume_policy
     from taut.rollout import SamplingParams, build_engine
 
@@ -340,7 +339,7 @@ def test_checkpoint_tokenizer_round_trips_through_auto_tokenizer(source, model_d
     otherwise, which drops the testbed's words (`add`, `<think>`) and generates garbage."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from taut.checkpoint import save_policy, TOKENIZER_PROBES
+    from taut.checkpoint import TOKENIZER_PROBES, save_policy
     from taut.models.loading import load_policy
     from taut.models.testbed import build_testbed_model
 

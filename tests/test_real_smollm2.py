@@ -12,10 +12,10 @@ import math
 import shutil
 from pathlib import Path
 
+import needs
 import pytest
 import torch
 
-import needs
 from taut.config import ModelConfig, RunConfig
 
 needs.smollm2()
@@ -186,7 +186,7 @@ def test_shared_prompts_are_as_accurate_as_one_forward_per_row(smollm2):
 def test_checkpoint_tokenizer_round_trips_through_auto_tokenizer(smollm2, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from taut.checkpoint import save_policy, TOKENIZER_PROBES
+    from taut.checkpoint import TOKENIZER_PROBES, save_policy
 
     save_policy(smollm2, tmp_path / "ckpt")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ckpt")

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from taut.config import ConfigError, ReasoningGymTaskConfig, RunConfig, load_config, to_yaml
+from taut.config import (
+    ConfigError,
+    ReasoningGymTaskConfig,
+    RunConfig,
+    load_config,
+    to_yaml,
+)
 from taut.tasks import load_task
 from taut.tasks.reasoning_gym import extract_answer
 

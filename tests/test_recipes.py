@@ -159,8 +159,8 @@ def test_every_recipe_and_builtin_name_the_docs_give_exists():
     import re
 
     from taut.builtin_recipes import resolve_recipe
-    from taut.tasks.files import SHIPPED_DATA
     from taut.models.testbed import ASSETS
+    from taut.tasks.files import SHIPPED_DATA
 
     root = Path(__file__).resolve().parent.parent
     docs = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
@@ -223,9 +223,8 @@ def test_every_command_the_docs_give_validates_as_written(doc, command, tmp_path
 
     from typer.testing import CliRunner
 
-    from taut.cli import app
-
     import taut.preflight
+    from taut.cli import app
 
     monkeypatch.chdir(tmp_path)
     meminfo = tmp_path / "meminfo"      # the machine the docs are written for (24 GiB), however busy this one is

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 import torch
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from taut.config import ConfigError, RLConfig, load_config

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from taut.lab.bench import study as st
 from taut.builtin_recipes import RECIPES
 from taut.config import ConfigError
+from taut.lab.bench import study as st
 
 REAL = RECIPES / "bench-real.yaml"
 

@@ -217,9 +217,9 @@ def test_the_transfer_view_says_why_it_is_missing(tmp_path):
 
 @pytest.mark.parametrize("loader", ["bench", "suite"])
 def test_a_bench_recipe_with_a_key_given_twice_is_refused_with_its_lines(loader, tmp_path):
+    from taut.config import ConfigError
     from taut.lab.bench.matrix import load_bench
     from taut.lab.bench.suite import load_suite
-    from taut.config import ConfigError
 
     head = "suite: x\ntitle: y\n" if loader == "suite" else ""
     path = tmp_path / "bench-x.yaml"

@@ -99,7 +99,6 @@ def _config(path: Path | None, overrides: list[str] | None) -> RunConfig:
     except FileNotFoundError as err:
         _fail(str(err))
     from taut.config import ConfigError, load_config
-
     from taut.extras import check_extras
 
     try:
@@ -314,9 +313,9 @@ def demo(out: OutOpt = None, set: SetOpt = None, quiet: QuietOpt = False, dry_ru
         _print_config(cfg)
         out_console.print(plan_table(cfg))
         return
+    from taut.lab.demo import run_demo
     from taut.rundir import claim_run_dir
     from taut.runlog import default_run_dir
-    from taut.lab.demo import run_demo
 
     with claim_run_dir(out or default_run_dir("demo"), resume=False, overwrite=overwrite, resumable=False) as run_dir:
         report = run_demo(cfg, run_dir, quiet=quiet)
@@ -487,9 +486,9 @@ def bench(ctx: typer.Context,
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
+    from taut.builtin_recipes import resolve_recipe
     from taut.lab.bench.matrix import run_bench
     from taut.lab.bench.suite import load_any_bench
-    from taut.builtin_recipes import resolve_recipe
     from taut.rundir import claim_run_dir
 
     # A bench directory continues what it holds (finished runs are reused); the claim only keeps a

@@ -27,7 +27,14 @@ from rich import box
 from rich.table import Table
 
 from taut.config import EvalConfig
-from taut.metrics import histogram, mean, overthinking, pass_at_k, percentile, tokens_per_correct
+from taut.metrics import (
+    histogram,
+    mean,
+    overthinking,
+    pass_at_k,
+    percentile,
+    tokens_per_correct,
+)
 from taut.models.policy import Policy
 from taut.rollout import RolloutEngine, Rollouts, SamplingParams, build_engine
 from taut.tasks import Problem, Task

@@ -7,8 +7,8 @@ nothing else decides whether a response is correct.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Split = Literal["train", "validation", "test"]
