@@ -219,3 +219,19 @@ def test_a_cell_command_appends_its_line_and_output_to_the_log_and_a_failure_nam
         taut_command("no-such-command", log=log)
     text = log.read_text()
     assert text.count("$ ") == 2 and "Usage" in text and "no-such-command" in text
+
+
+def test_the_section_shows_each_methods_response_to_the_same_problem_at_the_easiest_and_hardest_level(tmp_path):
+    study = _study(tmp_path)
+    results = Path(study.results)
+    for method, text, length in (("start", "Ones: 2 + 3 = 5.\nAnswer: 5\nWait, let me double-check.\nYes.", 8), ("gate", "Answer: 5", 2)):
+        folder = _write_cell(results, method, 0, _report({("columns", 2): (0.5, 300.0, 100)}), _outcomes([True, False], 300))
+        with open(folder / "greedy.examples.jsonl", "w") as f:
+            for level in (1, 2, 4):
+                f.write(json.dumps({"problem_id": f"columns:{level}:a", "domain": "columns", "difficulty": level, "correct": True,
+                                    "length": length, "necessary_length": 2, "text": text}) + "\n")
+    cells = st.read_cells(study, results)
+    md = "\n".join(st.example_responses(study, cells))
+    assert "**columns, level 1**" in md and "**columns, level 4**" in md and "level 2**" not in md
+    assert md.count("<summary>start: right, 8 tokens (2 necessary)</summary>") == 2
+    assert md.count("<summary>gate: right, 2 tokens (2 necessary)</summary>") == 2 and "Wait, let me double-check." in md

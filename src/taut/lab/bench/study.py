@@ -328,8 +328,35 @@ def read_cells(study: Study, results: Path) -> dict[str, dict[int, dict[str, Any
             "evals": {m: json.loads((folder / f"{m}.json").read_text()) for m in study.evals},
             "outcomes": {m: folder / f"{m}.outcomes.jsonl.gz" for m in study.evals},
             "cell": json.loads((folder / "cell.json").read_text()),
+            "examples": {m: [json.loads(line) for line in (folder / f"{m}.examples.jsonl").read_text().splitlines() if line.strip()]
+                         for m in study.evals if (folder / f"{m}.examples.jsonl").is_file()},
         }
     return out
+
+
+def example_responses(study: Study, cells: dict[str, dict[int, dict]], mode: str = "greedy") -> list[str]:
+    """Markdown: each method's response to the same problem (the first of its draw) of the first
+    trained family at its easiest and hardest level — what a method keeps and what it cuts."""
+    seed = start_seeds(study)[0]
+    methods = [m for m in ["start", *(m.name for m in study.methods)] if seed in cells.get(m, {})]
+    if not methods or not study.trained:
+        return []
+    family = study.trained[0]
+    levels = sorted({e["difficulty"] for m in methods for e in cells[m][seed]["examples"].get(mode, []) if e["domain"] == family})
+    lines = [f"### Example responses ({mode}, seed {seed})", "",
+             f"Each method's response to the same {family} problem — the first of seed {seed}'s draw — at level "
+             f"{' and '.join(str(lv) for lv in levels[:1] + levels[-1:] if levels)}: whether it is right, its tokens and the "
+             "oracle's necessary tokens, and the text (from the committed `*.examples.jsonl`).", ""]
+    for level in dict.fromkeys(levels[:1] + levels[-1:]):
+        lines += [f"**{family}, level {level}**", ""]
+        for m in methods:
+            example = next((e for e in cells[m][seed]["examples"].get(mode, []) if e["domain"] == family and e["difficulty"] == level), None)
+            if example is None:
+                continue
+            summary = (f"{m}: {'right' if example['correct'] else 'wrong'}, {example['length']} tokens "
+                       f"({example['necessary_length']} necessary)")
+            lines += ["<details>", f"<summary>{summary}</summary>", "", "```", example["text"].strip(), "```", "", "</details>", ""]
+    return lines
 
 
 def pooled(reports: list[dict], families: list[str], level: int | None) -> dict[str, float | None]:
@@ -520,6 +547,7 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
     if figure is not None:
         lines += ["**Accuracy against tokens per level, trained families pooled (± one standard error)**", "",
                   f"![{study.study} Pareto]({figure})", ""]
+    lines += example_responses(study, cells)
     return "\n".join(lines)
 
 
