@@ -112,3 +112,14 @@ def test_a_mastery_support_no_group_can_reach_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="support=5 exceeds the 4 rollouts"):
         load_config(None, phases[:1] + ["rl.group_size=2", "phases.0.strategy.support=5"])
     assert load_config(None, ["strategy.name=mastery-gated"]).strategy.support == "half"
+
+
+def test_a_config_saved_with_the_removed_rl_log_every_still_loads(tmp_path):
+    # every run's config.yaml written before rl.log_every was removed holds it (resume, eval and the
+    # study's committed cells read those files); it was never read, so it is dropped
+    from taut.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("rl:\n  steps: 3\n  log_every: 1\n")
+    config = load_config(path)
+    assert config.rl.steps == 3 and "log_every" not in config.rl.model_dump()

@@ -274,6 +274,15 @@ class RLConfig(Strict):
 
     _betas_in_range = field_validator("betas")(_betas)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        """`rl.log_every` was accepted and never read (every step writes its metrics line): configs
+        saved with it — every run's config.yaml before 2026-12-07 — still load, without it."""
+        if isinstance(data, dict) and "log_every" in data:
+            data = {k: v for k, v in data.items() if k != "log_every"}
+        return data
+
     @field_validator("top_p")
     @classmethod
     def _full_distribution(cls, v: float) -> float:
