@@ -235,3 +235,35 @@ def test_the_section_shows_each_methods_response_to_the_same_problem_at_the_easi
     assert "**columns, level 1**" in md and "**columns, level 4**" in md and "level 2**" not in md
     assert md.count("<summary>start: right, 8 tokens (2 necessary)</summary>") == 2
     assert md.count("<summary>gate: right, 2 tokens (2 necessary)</summary>") == 2 and "Wait, let me double-check." in md
+
+
+def test_a_cell_reaches_the_results_only_whole(tmp_path, monkeypatch):
+    """A cell whose evaluation fails leaves nothing under results/ (the committed tree never holds
+    half a cell); run again, it keeps what the run did and publishes the whole cell."""
+    study = _study(tmp_path, seeds=[0])
+    results, runs = Path(study.results), tmp_path / "runs"
+    cell = st.Cell("start", 0)
+    failing = {"sampled"}
+
+    def command(*args, log):
+        if args[0] == "eval":
+            out = Path(args[args.index("--out") + 1])
+            mode = out.stem
+            if mode in failing:
+                raise st.StudyError("exit status 1")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(_report({("columns", 1): (1.0, 10.0, 1)})))
+            out.with_suffix(".samples.jsonl").write_text(json.dumps(
+                {"problem_id": "columns:1:a", "domain": "columns", "difficulty": 1, "correct": True, "length": 3,
+                 "text": "Answer: 5"}) + "\n")
+        return 60.0
+
+    monkeypatch.setattr(st, "taut_command", command)
+    study = study.model_copy(update={"evals": {"greedy": {"temperature": 0}, "sampled": {"temperature": 0.7}}})
+    with pytest.raises(st.StudyError):
+        st.run_cell(study, results, runs, cell, "fp")
+    assert not st.cell_dir(results, cell).exists()
+    failing.clear()
+    record = st.run_cell(study, results, runs, cell, "fp")
+    assert st.cell_done(study, results, cell, "fp") and record["eval_seconds"] == {"greedy": 60.0, "sampled": 60.0}
+    assert not (results / "start" / "seed0.tmp").exists()

@@ -40,6 +40,7 @@ import gzip
 import hashlib
 import json
 import math
+import shutil
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -206,10 +207,10 @@ class StudyError(RuntimeError):
 
 
 def run_cell(study: Study, results: Path, runs: Path, cell: Cell, start: str) -> dict[str, Any]:
-    """Train (unless it is the start) and evaluate one cell; copy its small files into `results`.
-    `start` is the start's fingerprint: files and runs made from other weights are discarded."""
-    import shutil
-
+    """Train (unless it is the start) and evaluate one cell; its small files are gathered beside the
+    run (RUN/study-cell/) and moved into `results` only when all are there, so that the committed
+    tree never holds half a cell. `start` is the start's fingerprint: files and runs made from other
+    weights are discarded."""
     method = None if cell.method == "start" else next(m for m in study.methods if m.name == cell.method)
     config = cell_config(study, method, cell.seed)
     folder, run = cell_dir(results, cell), runs / cell.method / f"seed{cell.seed}"
@@ -218,14 +219,16 @@ def run_cell(study: Study, results: Path, runs: Path, cell: Cell, start: str) ->
         shutil.rmtree(folder)
     if run.is_dir() and (not marker.is_file() or marker.read_text().strip() != start):
         shutil.rmtree(run)
-    folder.mkdir(parents=True, exist_ok=True)
-    run.mkdir(parents=True, exist_ok=True)
+    stage = run / "study-cell"
+    stage.mkdir(parents=True, exist_ok=True)
     marker.write_text(start + "\n")
-    config_path = folder / "config.yaml"
+    config_path = stage / "config.yaml"
     config_path.write_text(to_yaml(config))
     log = run.parent / f"seed{cell.seed}.log"
-    record: dict[str, Any] = {"method": cell.method, "seed": cell.seed, "threads": study.threads, "start_fingerprint": start,
-                              "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M")}
+    record_path = stage / "cell.json"        # written after each command: a cell finished in pieces keeps their timings
+    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.is_file() else {
+        "method": cell.method, "seed": cell.seed, "threads": study.threads, "start_fingerprint": start,
+        "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M"), "eval_seconds": {}}
     if method is None:
         target = study.start
     else:
@@ -235,24 +238,31 @@ def run_cell(study: Study, results: Path, runs: Path, cell: Cell, start: str) ->
             record["train_seconds"] = taut_command(
                 "train", *(["--resume", str(run)] if resume else ["--config", str(config_path), "--out", str(run)]), log=log)
             record["resumed"] = resume
+            record_path.write_text(json.dumps(record, indent=1))
         for name in ("metrics.jsonl", "curriculum.json", "selection.json"):
             if (run / name).is_file():
-                (folder / name).write_bytes((run / name).read_bytes())
-    record["eval_seconds"] = {}
+                (stage / name).write_bytes((run / name).read_bytes())
     for mode, fields in study.evals.items():
         out = run / "eval" / f"{mode}.json"
         if not out.is_file():
             sets = [a for k, v in fields.items() for a in ("--set", f"eval.{k}={json.dumps(v)}")]
             record["eval_seconds"][mode] = taut_command("eval", target, "--config", str(config_path), *sets,
                                                         "--out", str(out), log=log)
-        keep_evaluation(out, folder, mode)
-    previous = folder / "cell.json"
-    if previous.is_file():                     # a cell finished in pieces keeps the pieces' timings
-        old = json.loads(previous.read_text())
-        record = {**old, **{k: v for k, v in record.items() if v not in ({}, None)},
-                  "eval_seconds": {**old.get("eval_seconds", {}), **record["eval_seconds"]}}
-    previous.write_text(json.dumps(record, indent=1))
+            record_path.write_text(json.dumps(record, indent=1))
+        keep_evaluation(out, stage, mode)
+    record_path.write_text(json.dumps(record, indent=1))
+    publish(stage, folder)
     return record
+
+
+def publish(stage: Path, folder: Path) -> None:
+    """Replace `folder` with a copy of the finished cell in `stage` (copied aside, then renamed)."""
+    aside = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(aside, ignore_errors=True)
+    shutil.copytree(stage, aside)
+    if folder.exists():
+        shutil.rmtree(folder)
+    aside.rename(folder)
 
 
 def keep_evaluation(report: Path, folder: Path, mode: str) -> None:
