@@ -373,8 +373,10 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
     if command == "sft":
         peaks["update"] = _sft_update_peak(config, shape, sft_tokens, copies, per_token, assumed)
     else:
-        peaks |= _rl_peaks(config, shape, prompt_tokens, copies, per_token, low, assumed)
-        held["rollout data"] = _rollout_rows_bytes(config, shape, prompt_tokens)
+        prompt_tokens = _rl_prompt_tokens(config, shape, prompt_tokens, assumed)
+        peaks |= _rl_peaks(config, shape, prompt_tokens, copies, per_token, low)
+        held["rollout data"] = config.rl.prompts_per_step * config.rl.group_size * (prompt_tokens + largest_rollout_cap(config)[0]) \
+            * ROW_TOKEN_BYTES                 # every rollout's tokens in Python lists and batch tensors
         if config.rl.kl_coef > 0:
             held["reference model"] = n * weight_bytes
     phase = max(peaks, key=lambda name: peaks[name][0])
@@ -408,29 +410,21 @@ def _sft_update_peak(config: RunConfig, shape: ModelShape, sft_tokens: int | Non
             f"sft.batch_size (now {config.sft.batch_size} examples of up to {sft_tokens} tokens a step)")
 
 
-def _rl_prompt_tokens(config: RunConfig, shape: ModelShape, prompt_tokens: int | None, assumed: list[str] | None = None) -> int:
+def _rl_prompt_tokens(config: RunConfig, shape: ModelShape, prompt_tokens: int | None, assumed: list[str]) -> int:
+    """The longest prompt: as given, the testbed's, or an assumption (recorded in `assumed`)."""
     if prompt_tokens is not None:
         return prompt_tokens
     if _testbed_lengths(config.data.train, shape):
         return TESTBED_PROMPT_TOKENS
-    if assumed is not None:
-        assumed.append(f"prompts of {PROMPT_TOKENS_ASSUMED} tokens")
+    assumed.append(f"prompts of {PROMPT_TOKENS_ASSUMED} tokens")
     return PROMPT_TOKENS_ASSUMED
 
 
-def _rollout_rows_bytes(config: RunConfig, shape: ModelShape, prompt_tokens: int | None) -> float:
-    """Every rollout's tokens in Python lists and batch tensors."""
-    rl = config.rl
-    return rl.prompts_per_step * rl.group_size * (_rl_prompt_tokens(config, shape, prompt_tokens) + largest_rollout_cap(config)[0]) \
-        * ROW_TOKEN_BYTES
-
-
-def _rl_peaks(config: RunConfig, shape: ModelShape, prompt_tokens: int | None, copies: float, per_token: float, low: float,
-              assumed: list[str]) -> dict[str, tuple[float, str]]:
+def _rl_peaks(config: RunConfig, shape: ModelShape, prompt_tokens: int, copies: float, per_token: float,
+              low: float) -> dict[str, tuple[float, str]]:
     """An RL step's peaks on top of what is held — generation, validation, the update — each with
     the setting that bounds it."""
     rl = config.rl
-    prompt_tokens = _rl_prompt_tokens(config, shape, prompt_tokens, assumed)
     cap, _ = largest_rollout_cap(config)
     row = prompt_tokens + cap
     rows = rl.prompts_per_step * rl.group_size
