@@ -546,7 +546,8 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
                              f"{_f(c['tokens_a'], '.0f')} / {_f(c['tokens_b'], '.0f')} |")
         if t["targets"]:
             lines += ["", "Against the start: shorter by (all trained levels), accuracy at least the start's on every trained "
-                      "level (point estimates), and the same on the evaluation-only family", "",
+                      "level (point estimates), and on the evaluation-only family: shorter by, and accuracy pooled over its "
+                      "levels at least the start's", "",
                       "| method | shorter | accuracy kept | held-out shorter | held-out accuracy kept |", "|---|---|---|---|---|"]
             for m, g in t["targets"].items():
                 lines.append(f"| {m} | {_f(None if g['shorter'] is None else 100 * g['shorter'], '.1f')}% | "
