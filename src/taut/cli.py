@@ -27,6 +27,13 @@ from rich.table import Table
 if TYPE_CHECKING:
     from taut.config import RunConfig
 
+# Large CPU tensors on transparent huge pages. torch reads this once, at its first allocation, so
+# it is set before any command imports torch; THP_MEM_ALLOC_ENABLE=0 in the environment turns it
+# off. Where freed memory is given back (model.keep_freed_memory: false, `taut sft` by default), a
+# tensor allocated again faults 2 MB pages in rather than 4 KB ones: an SFT step of SmolLM2 ran at
+# 107 tokens/s against 80 without (docs/real-models.md, "SFT from files").
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 class _Argument(typer.core.TyperArgument):
     """An argument whose help shows its metavar alone: typer's adds the type (`RUN... <list[Path]>`)."""
 

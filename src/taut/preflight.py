@@ -381,7 +381,7 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
             held["reference model"] = n * weight_bytes
     phase = max(peaks, key=lambda name: peaks[name][0])
     parts = {**held, phase: peaks[phase][0]}
-    margin = KEPT_MARGIN if config.model.keep_freed_memory and not gpu else MARGIN
+    margin = KEPT_MARGIN if config.model.keeps_freed_memory(command) and not gpu else MARGIN
     parts["heap margin"] = margin * (sum(parts.values()) - parts["process"])
     advice = {phase: peaks[phase][1],
               "rollout data": f"rl.prompts_per_step or rl.group_size (now {config.rl.prompts_per_step * config.rl.group_size} "

@@ -187,13 +187,14 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     window_loss, window_tokens = 0.0, 0              # the loss of the steps since the last metrics line
     if resume:
         remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
+    settings = config.model.model_copy(update={"keep_freed_memory": config.model.keeps_freed_memory("sft")})
     if resume and (ckpt := latest_intact_checkpoint(run_dir)) is not None:
-        policy = resume_policy(config.model, ckpt)
+        policy = resume_policy(settings, ckpt)
         state = read_state(ckpt)
         start = state["step"]
         window_loss, window_tokens = state.get("window", (0.0, 0))   # a checkpoint between two metrics lines
     else:
-        policy = load_policy(config.model, seed=config.seed)
+        policy = load_policy(settings, seed=config.seed)
     after_load(config, "sft", policy)             # the longest example against the context; memory
     model = policy.model
     model.train()

@@ -17,7 +17,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from taut.allocator import keep_freed_memory
+from taut.allocator import keep_freed_memory, return_freed_memory
 from taut.checkpoint import chosen_checkpoint, require_intact
 from taut.config import ModelConfig
 from taut.models.gguf import PACKAGED_PREFIX, gguf_model_dir, packaged_gguf
@@ -100,8 +100,10 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
-    if device.type == "cpu" and config.keep_freed_memory:
+    if device.type == "cpu" and config.keep_freed_memory is not False:       # unset: kept (ModelConfig.keeps_freed_memory)
         keep_freed_memory()
+    elif device.type == "cpu":
+        return_freed_memory()
     dtype, compute_dtype = resolve_dtype(config.dtype, device)
     if config.preset:
         policy = build_testbed_model(config.preset, seed)
