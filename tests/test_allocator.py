@@ -125,10 +125,10 @@ def test_sft_gives_freed_memory_back_unless_told_and_the_other_commands_keep_it(
         assert told.keeps_freed_memory("sft") is value and told.keeps_freed_memory("train") is value
 
 
-# The command line puts large tensors on transparent huge pages (torch's THP_MEM_ALLOC_ENABLE,
-# read at its first allocation): memory given back and allocated again faults 2 MB pages in, a
-# 16 MB tensor in 8 faults rather than 4,096. Where the kernel offers no huge pages the test is
-# skipped; an environment that says 0 keeps its choice.
+# `taut sft` asks torch for transparent huge pages (its THP_MEM_ALLOC_ENABLE, read at its first
+# allocation; taut.allocator.ask_huge_pages): memory given back and allocated again faults 2 MB
+# pages in, a 16 MB tensor in 8 faults rather than 4,096. Where the kernel offers no huge pages
+# the test is skipped; an environment that says 0 keeps its choice.
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
@@ -142,8 +142,8 @@ def _thp_available() -> bool:
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or not _thp_available(),
                     reason="glibc and transparent huge pages only")
-def test_the_command_line_puts_large_tensors_on_huge_pages():
-    probe = "import taut.cli\n" + RETURN_PROBE               # the command line's module first, as `taut` does
+def test_asked_for_before_torch_huge_pages_make_given_back_memory_cheap_to_fault_in():
+    probe = "from taut.allocator import ask_huge_pages\nassert ask_huge_pages()\n" + RETURN_PROBE
     environ = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
 
     def faults(**env):
@@ -153,3 +153,24 @@ def test_the_command_line_puts_large_tensors_on_huge_pages():
     pages = 16 * 2**20 // 4096
     assert faults() < pages                                   # 4 × 4,096 on small pages
     assert faults(THP_MEM_ALLOC_ENABLE="0") > 3.5 * pages
+
+
+# The sft command asks before anything has imported torch: its configuration is where torch first
+# comes in, so the probe stops the command there and reports what it found.
+SFT_ASKS = """
+import json, os, sys
+import taut.cli
+
+def stop(*args, **kwargs):
+    print(json.dumps({"asked": os.environ.get("THP_MEM_ALLOC_ENABLE"), "torch": "torch" in sys.modules}))
+    raise SystemExit(0)
+
+taut.cli._config = stop
+taut.cli.app(["sft"], standalone_mode=False)
+"""
+
+
+def test_the_sft_command_asks_for_huge_pages_before_torch_is_imported():
+    environ = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    result = subprocess.run([sys.executable, "-c", SFT_ASKS], capture_output=True, text=True, env=environ)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"asked": "1", "torch": False}

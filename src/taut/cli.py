@@ -27,13 +27,6 @@ from rich.table import Table
 if TYPE_CHECKING:
     from taut.config import RunConfig
 
-# Large CPU tensors on transparent huge pages. torch reads this once, at its first allocation, so
-# it is set before any command imports torch; THP_MEM_ALLOC_ENABLE=0 in the environment turns it
-# off. Where freed memory is given back (model.keep_freed_memory: false, `taut sft` by default), a
-# tensor allocated again faults 2 MB pages in rather than 4 KB ones: an SFT step of SmolLM2 ran at
-# 107 tokens/s against 80 without (docs/real-models.md, "SFT from files").
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
 class _Argument(typer.core.TyperArgument):
     """An argument whose help shows its metavar alone: typer's adds the type (`RUN... <list[Path]>`)."""
 
@@ -151,6 +144,9 @@ def _next(outputs: str, command: str | None = None) -> None:
 def sft(config: ConfigOpt = None, set: SetOpt = None, out: OutOpt = None, dry_run: DryOpt = False,
         resume: ResumeOpt = None, quiet: QuietOpt = False, overwrite: OverwriteOpt = False):
     """Supervised cold start on the SFT tasks."""
+    from taut.allocator import ask_huge_pages
+
+    ask_huge_pages()                    # before anything imports torch: an SFT gives freed memory back by default
     if resume is not None:
         config = config or _resume_recipe(resume)
     cfg = _config(config, set)
