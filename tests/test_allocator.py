@@ -9,40 +9,53 @@ import sys
 
 import pytest
 
-# Faults are counted in 4 KB pages: the probes run without the huge pages the command line asks
-# torch for (a test that imports taut.cli sets THP_MEM_ALLOC_ENABLE in this process's environment).
-SMALL_PAGES = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"}
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+glibc_only = pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+
+# The probes run in fresh interpreters (the settings last for a process). Faults are counted in
+# 4 KB pages unless a test asks for huge pages: a test that runs `taut sft` in this process leaves
+# THP_MEM_ALLOC_ENABLE in its environment (taut.allocator.ask_huge_pages).
+UNASKED = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+SMALL_PAGES = {**UNASKED, "THP_MEM_ALLOC_ENABLE": "0"}
+
+# faults(floats): the minor page faults of allocating, writing and freeing a tensor four times
+FAULTS = """
+import json, resource, sys, torch
+from taut.config import ModelConfig
+from taut.models.loading import load_policy
+
+def faults(floats):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(4):
+        x = torch.ones(floats)
+        del x
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+"""
+
+
+def probe(code: str, *args: str, env: dict[str, str] | None = None):
+    """Run `code` in a fresh interpreter; the JSON it prints last."""
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True, env=env)
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 # Each phase frees and reallocates a 64 MB tensor four times: above glibc's largest mmap
 # threshold (32 MB), so a plain process maps and unmaps it each time and writes 16,384 fresh
 # pages; a process that keeps freed memory takes it back from malloc's free lists. Faults are
-# counted, not timed. A fresh interpreter: the setting lasts for the process.
-PROBE = """
-import json, resource, torch
-from taut.config import ModelConfig
-from taut.models.loading import load_policy
-
-def faults():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(4):
-        x = torch.ones(16 * 2**20)
-        del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-out = {"plain": faults()}
+# counted, not timed.
+PROBE = FAULTS + """
+out = {"plain": faults(16 * 2**20)}
 load_policy(ModelConfig(preset="tiny", device="cpu", keep_freed_memory=False))
-out["turned_off"] = faults()
+out["turned_off"] = faults(16 * 2**20)
 load_policy(ModelConfig(preset="tiny", device="cpu"))
-faults()                                  # the heap grows to the tensor's size once
-out["kept"] = faults()
+faults(16 * 2**20)                        # the heap grows to the tensor's size once
+out["kept"] = faults(16 * 2**20)
 print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@glibc_only
 def test_a_cpu_policy_keeps_freed_memory_so_reallocating_it_faults_nothing():
-    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=SMALL_PAGES)
-    faults = json.loads(result.stdout.strip().splitlines()[-1])
+    faults = probe(PROBE, env=SMALL_PAGES)
     pages = 4 * 16 * 2**20 * 4 // 4096                       # 65,536 pages written per phase
     assert faults["plain"] > pages // 2 and faults["turned_off"] > pages // 2
     assert faults["kept"] < pages // 50
@@ -72,47 +85,31 @@ print(json.dumps({"grown": grown, "kept": libc.sbrk(0) - start}))
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@glibc_only
 def test_a_free_top_above_two_gigabytes_is_kept_too():
-    result = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True)
-    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    heap = probe(TRIM_PROBE)
     size = 5 * 2**29
-    assert probe["kept"] > size * 0.9          # the freed 2.5 GB is still the process's (free heap below may serve a little)
-    assert probe["grown"][1:] == [0, 0]                       # and later requests take it from there
+    assert heap["kept"] > size * 0.9           # the freed 2.5 GB is still the process's (free heap below may serve a little)
+    assert heap["grown"][1:] == [0, 0]                        # and later requests take it from there
 
 
 # Given back means given back: glibc's default mmap threshold rises to each freed mapped block's
 # size (up to 32 MB), after which a 16 MB tensor comes from the heap and, freed, stays resident.
 # With model.keep_freed_memory false the threshold is fixed (taut.allocator.return_freed_memory):
 # each 16 MB tensor is mapped afresh and unmapped when freed. Faults are counted, not timed.
-RETURN_PROBE = """
-import json, resource, sys, torch
-from taut.config import ModelConfig
-from taut.models.loading import load_policy
-
-def faults():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(4):
-        x = torch.ones(4 * 2**20)
-        del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
+RETURN_PROBE = FAULTS + """
 if sys.argv[1] == "returned":
     load_policy(ModelConfig(preset="tiny", device="cpu", keep_freed_memory=False))
-faults()                                  # the default's threshold rises, its heap grows
-print(json.dumps(faults()))
+faults(4 * 2**20)                         # the default's threshold rises, its heap grows
+print(json.dumps(faults(4 * 2**20)))
 """
+TENSOR_PAGES = 16 * 2**20 // 4096                          # 4,096 pages a 16 MB tensor
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@glibc_only
 def test_a_policy_that_gives_freed_memory_back_maps_every_large_tensor_afresh():
-    def faults(mode):
-        result = subprocess.run([sys.executable, "-c", RETURN_PROBE, mode], capture_output=True, text=True, check=True,
-                                env=SMALL_PAGES)
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    pages = 16 * 2**20 // 4096                               # 4,096 pages a tensor
-    assert faults("plain") < pages                           # the default: the heap keeps it
-    assert faults("returned") > 3.5 * pages                  # every one of the four mapped and given back
+    assert probe(RETURN_PROBE, "plain", env=SMALL_PAGES) < TENSOR_PAGES             # the default: the heap keeps it
+    assert probe(RETURN_PROBE, "returned", env=SMALL_PAGES) > 3.5 * TENSOR_PAGES   # each of the four mapped, given back
 
 
 def test_sft_gives_freed_memory_back_unless_told_and_the_other_commands_keep_it():
@@ -140,19 +137,11 @@ def _thp_available() -> bool:
         return False
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or not _thp_available(),
-                    reason="glibc and transparent huge pages only")
+@pytest.mark.skipif(not GLIBC or not _thp_available(), reason="glibc and transparent huge pages only")
 def test_asked_for_before_torch_huge_pages_make_given_back_memory_cheap_to_fault_in():
-    probe = "from taut.allocator import ask_huge_pages\nassert ask_huge_pages()\n" + RETURN_PROBE
-    environ = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-
-    def faults(**env):
-        result = subprocess.run([sys.executable, "-c", probe, "returned"], capture_output=True, text=True, check=True,
-                                env={**environ, **env})
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    pages = 16 * 2**20 // 4096
-    assert faults() < pages                                   # 4 × 4,096 on small pages
-    assert faults(THP_MEM_ALLOC_ENABLE="0") > 3.5 * pages
+    asking = "from taut.allocator import ask_huge_pages\nassert ask_huge_pages()\n" + RETURN_PROBE
+    assert probe(asking, "returned", env=UNASKED) < TENSOR_PAGES                  # 4 × 4,096 on small pages
+    assert probe(asking, "returned", env=SMALL_PAGES) > 3.5 * TENSOR_PAGES        # the environment's 0 is kept
 
 
 # The sft command asks before anything has imported torch: its configuration is where torch first
@@ -171,6 +160,4 @@ taut.cli.app(["sft"], standalone_mode=False)
 
 
 def test_the_sft_command_asks_for_huge_pages_before_torch_is_imported():
-    environ = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    result = subprocess.run([sys.executable, "-c", SFT_ASKS], capture_output=True, text=True, env=environ)
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"asked": "1", "torch": False}
+    assert probe(SFT_ASKS, env=UNASKED) == {"asked": "1", "torch": False}

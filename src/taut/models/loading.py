@@ -100,10 +100,11 @@ def load_policy(config: ModelConfig, seed: int = 0) -> Policy:
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
-    if device.type == "cpu" and config.keep_freed_memory is not False:       # unset: kept (ModelConfig.keeps_freed_memory)
-        keep_freed_memory()
-    elif device.type == "cpu":
-        return_freed_memory()
+    if device.type == "cpu":           # unset: kept; `taut sft` resolves it first (ModelConfig.keeps_freed_memory)
+        if config.keep_freed_memory is False:
+            return_freed_memory()
+        else:
+            keep_freed_memory()
     dtype, compute_dtype = resolve_dtype(config.dtype, device)
     if config.preset:
         policy = build_testbed_model(config.preset, seed)
