@@ -267,3 +267,54 @@ def test_a_cell_reaches_the_results_only_whole(tmp_path, monkeypatch):
     record = st.run_cell(study, results, runs, cell, "fp")
     assert st.cell_done(study, results, cell, "fp") and record["eval_seconds"] == {"greedy": 60.0, "sampled": 60.0}
     assert not (results / "start" / "seed0.tmp").exists()
+
+
+def _fake_commands(calls: list[tuple[str, ...]]):
+    """taut_command's stand-in: `train` writes two checkpoints and a finished curriculum, `eval` a report."""
+    def command(*args, log):
+        calls.append(args)
+        if args[0] == "train":
+            run = Path(args[args.index("--resume") + 1] if "--resume" in args else args[args.index("--out") + 1])
+            for step in (0, 4):
+                (run / "checkpoints" / f"step-{step:06d}").mkdir(parents=True, exist_ok=True)
+            (run / "curriculum.json").write_text(json.dumps({"finished": True}))
+        else:
+            out = Path(args[args.index("--out") + 1])
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(_report({("columns", 1): (1.0, 10.0, 1)})))
+            out.with_suffix(".samples.jsonl").write_text(json.dumps(
+                {"problem_id": "columns:1:a", "domain": "columns", "difficulty": 1, "correct": True, "length": 3,
+                 "text": "Answer: 5"}) + "\n")
+        return 60.0
+    return command
+
+
+def test_a_cell_whose_run_stopped_before_its_first_checkpoint_trains_again(tmp_path, monkeypatch):
+    """A run killed before any checkpoint leaves config.yaml and metrics.jsonl: there is nothing to
+    resume, and a plain `train --out` refuses the directory, so the cell replaces it."""
+    study = _study(tmp_path, seeds=[0])
+    results, runs = Path(study.results), tmp_path / "runs"
+    run = runs / "gate" / "seed0"
+    run.mkdir(parents=True)
+    (run / "study-start.txt").write_text("fp\n")
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(st, "taut_command", _fake_commands(calls))
+    st.run_cell(study, results, runs, st.Cell("gate", 0), "fp")
+    train = calls[0]
+    assert train[0] == "train" and "--overwrite" in train and "--resume" not in train
+    assert st.cell_done(study, results, st.Cell("gate", 0), "fp")
+
+
+def test_a_published_cell_keeps_only_the_checkpoint_it_stands_for(tmp_path, monkeypatch):
+    study = _study(tmp_path, seeds=[0])
+    results, runs = Path(study.results), tmp_path / "runs"
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(st, "taut_command", _fake_commands(calls))
+    st.run_cell(study, results, runs, st.Cell("pen", 0), "fp")
+    assert "--overwrite" not in calls[0]                   # a new directory: nothing to replace
+    assert [p.name for p in (runs / "pen" / "seed0" / "checkpoints").iterdir()] == ["step-000004"]
+    (runs / "pen" / "seed0" / "selection.json").write_text(json.dumps({"checkpoint": "step-000004"}))
+    st.drop_spent_checkpoints(runs / "pen" / "seed0")      # the chosen one stays
+    assert (runs / "pen" / "seed0" / "checkpoints" / "step-000004").is_dir()
