@@ -275,7 +275,12 @@ ACTIVATION_SCALE = 1.0        # × the saved tensors counted per token and layer
 RL_LOGIT_BYTES = 16           # per response token and vocabulary entry in an RL update (bf16 head output,
                               # its fp32 copy, the entropy's softmax, their gradients)
 CHECKPOINTED_LAYERS = 6       # with activation checkpointing, the layers' worth of activations a step still peaks at
-                              # (SmolLM2-135M, 16 × 667 tokens: 7.21 GB measured with LoRA, 12.27 fully fine-tuned)
+                              # where the process keeps freed memory (SmolLM2-135M, 16 × 667 tokens: 7.21 GB measured
+                              # with LoRA, 12.27 fully fine-tuned: the kept heap's fragments of each recomputation)
+CHECKPOINTED_LAYERS_GIVEN_BACK = 1   # the same where freed memory is given back (`taut sft`'s default): one layer's
+                              # activations on top of the checkpoints, as the method implies (SmolLM2-135M, 16 × 486,
+                              # bf16-mixed: 2.3 GB measured with LoRA, 5.2 fully fine-tuned; 3.6 GB of live tensors
+                              # without the undo copy)
 LOSS_CHUNK_TOKENS = 1024      # taut.sft's: response tokens whose logits exist at once where the head runs on hidden states
 SFT_LOGIT_BYTES = 20          # per token and vocabulary entry in an SFT step (the logits, a contiguous copy, fp32,
                               # log-softmax, gradients)
@@ -363,10 +368,12 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
     assumed: list[str] = []
     copies = n * 2 if mixed else 0                    # bf16 weights: the decoder's, autocast's
     per_token = shape.layers * _activation_bytes(shape, mixed, low)
+    kept = config.model.keeps_freed_memory(command) and not gpu
     if section.activation_checkpointing:
-        # each layer keeps its fp32 input and recomputes itself in the backward; measured, a step still peaks as if
-        # CHECKPOINTED_LAYERS layers' activations were kept (docs/reliability.md: the recomputation's backward)
-        per_token = shape.layers * 4 * shape.hidden + min(shape.layers, CHECKPOINTED_LAYERS) * _activation_bytes(shape, mixed, low)
+        # each layer keeps its fp32 input and recomputes itself in the backward; a step peaks as if one layer's
+        # activations were kept on top, or, keeping freed memory, CHECKPOINTED_LAYERS' (docs/reliability.md)
+        layers = min(shape.layers, CHECKPOINTED_LAYERS if kept else CHECKPOINTED_LAYERS_GIVEN_BACK)
+        per_token = shape.layers * 4 * shape.hidden + layers * _activation_bytes(shape, mixed, low)
     held = {"process": 0.0 if gpu else PROCESS_BYTES,
             "model and optimizer": n * weight_bytes + trainable * weight_bytes * (3 + (3 if section.undo_nonfinite_steps else 0))}
     peaks: dict[str, tuple[float, str]] = {}          # phase: (bytes, the setting that bounds it)
@@ -381,7 +388,7 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
             held["reference model"] = n * weight_bytes
     phase = max(peaks, key=lambda name: peaks[name][0])
     parts = {**held, phase: peaks[phase][0]}
-    margin = KEPT_MARGIN if config.model.keeps_freed_memory(command) and not gpu else MARGIN
+    margin = KEPT_MARGIN if kept else MARGIN
     parts["heap margin"] = margin * (sum(parts.values()) - parts["process"])
     advice = {phase: peaks[phase][1],
               "rollout data": f"rl.prompts_per_step or rl.group_size (now {config.rl.prompts_per_step * config.rl.group_size} "
