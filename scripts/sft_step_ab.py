@@ -17,7 +17,7 @@ import torch
 from taut.config import load_config
 from taut.models.loading import load_policy
 from taut.models.policy import enable_activation_checkpointing, unwrap
-from taut.sft import _bucketed, encode_batch, response_loss
+from taut.sft import encode_batch, response_loss, step_batch
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     model = policy.model
     model.train()
     enable_activation_checkpointing(model)
-    ids, labels = encode_batch(policy, _bucketed(config, 0))
+    ids, labels = encode_batch(policy, step_batch(config, 0))
     target = labels[:, 1:]
     tokens = int((target != -100).sum())
     print(f"batch {tuple(ids.shape)}, {tokens} response tokens", flush=True)

@@ -367,13 +367,8 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
     section = config.rl if command == "train" else config.sft
     assumed: list[str] = []
     copies = n * 2 if mixed else 0                    # bf16 weights: the decoder's, autocast's
-    per_token = shape.layers * _activation_bytes(shape, mixed, low)
     kept = config.model.keeps_freed_memory(command) and not gpu
-    if section.activation_checkpointing:
-        # each layer keeps its fp32 input and recomputes itself in the backward; a step peaks as if one layer's
-        # activations were kept on top, or, keeping freed memory, CHECKPOINTED_LAYERS' (docs/reliability.md)
-        layers = min(shape.layers, CHECKPOINTED_LAYERS if kept else CHECKPOINTED_LAYERS_GIVEN_BACK)
-        per_token = shape.layers * 4 * shape.hidden + layers * _activation_bytes(shape, mixed, low)
+    per_token = _update_bytes_per_token(shape, mixed, low, section.activation_checkpointing, kept)
     held = {"process": 0.0 if gpu else PROCESS_BYTES,
             "model and optimizer": n * weight_bytes + trainable * weight_bytes * (3 + (3 if section.undo_nonfinite_steps else 0))}
     peaks: dict[str, tuple[float, str]] = {}          # phase: (bytes, the setting that bounds it)
@@ -400,6 +395,16 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
         advice["update"] += f", or set {command if command == 'sft' else 'rl'}.activation_checkpointing=true"
     largest = max((name for name in advice if name in parts), key=lambda name: parts[name])
     return Estimate(parts, advice[largest], assumed, gpu)
+
+
+def _update_bytes_per_token(shape: ModelShape, mixed: bool, low: int, checkpointing: bool, kept: bool) -> float:
+    """What a forward keeps for its backward per token. With activation checkpointing each layer
+    keeps its fp32 input and recomputes itself in the backward: a step peaks as if one layer's
+    activations were kept on top, or, keeping freed memory, CHECKPOINTED_LAYERS' (docs/reliability.md)."""
+    if not checkpointing:
+        return shape.layers * _activation_bytes(shape, mixed, low)
+    layers = min(shape.layers, CHECKPOINTED_LAYERS if kept else CHECKPOINTED_LAYERS_GIVEN_BACK)
+    return shape.layers * 4 * shape.hidden + layers * _activation_bytes(shape, mixed, low)
 
 
 def _sft_update_peak(config: RunConfig, shape: ModelShape, sft_tokens: int | None, copies: float, per_token: float,

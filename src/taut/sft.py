@@ -35,7 +35,7 @@ from taut.models.policy import Policy, enable_activation_checkpointing
 from taut.preempt import Preempted, StopRequest, resume_command
 from taut.preflight import after_load
 from taut.rl.guard import NonFiniteGuard
-from taut.rl.logprobs import _decoder_and_head
+from taut.rl.logprobs import decoder_and_head
 from taut.runlog import MetricsLog, StepProgress, console, read_metrics
 from taut.tasks.traces import sft_examples
 from taut.trackers import open_trackers
@@ -78,7 +78,7 @@ def response_loss(policy: Policy, ids: torch.Tensor, target: torch.Tensor) -> to
     entry). Otherwise (the testbed's 37-token vocabulary) the model's own logits of every position.
     The same loss either way, rounded differently."""
     model = policy.model
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     if parts is None:
         with policy.autocast():
             logits = model(input_ids=ids).logits[:, :-1]                    # [B, T-1, V]
@@ -105,8 +105,10 @@ def response_loss(policy: Policy, ids: torch.Tensor, target: torch.Tensor) -> to
 _bucket_cache: dict[tuple, list] = {}
 
 
-def _bucketed(config: RunConfig, step: int) -> list[tuple[str, str]]:
-    """The batch of `step`: from its bucket of `bucket_batches` batches, sorted by length."""
+def step_batch(config: RunConfig, step: int) -> list[tuple[str, str]]:
+    """The (prompt, response) examples `taut sft` trains on at `step`: from its bucket of
+    `bucket_batches` batches, sorted by length (public so that other loops can be fed the same
+    batches: scripts/sft_baseline.py, scripts/sft_step_ab.py)."""
     sft = config.sft
     bucket = step // sft.bucket_batches
     key = (config.model_dump_json(), bucket)
@@ -128,7 +130,7 @@ def _bucket_tokens(config: RunConfig, policy: Policy, step: int) -> int:
         _token_cache.clear()
         first = bucket * config.sft.bucket_batches
         _token_cache[bucket] = sum(len(policy.encode_response(r)) for b in range(config.sft.bucket_batches)
-                                   for _, r in _bucketed(config, first + b))
+                                   for _, r in step_batch(config, first + b))
     return _token_cache[bucket]
 
 
@@ -247,7 +249,7 @@ def sft_step(config: RunConfig, policy: Policy, optimizer: torch.optim.Optimizer
     lr = lr_at(step, lr=sft.lr, warmup=sft.warmup_steps, total=sft.steps, min_ratio=sft.min_lr_ratio)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    ids, labels = encode_batch(policy, _bucketed(config, step))
+    ids, labels = encode_batch(policy, step_batch(config, step))
     ids, labels = ids.to(policy.model.device), labels.to(policy.model.device)
     target = labels[:, 1:]                                              # [B, T-1]
     token_loss = response_loss(policy, ids, target)

@@ -65,7 +65,7 @@ class SequenceBatch:
 HEAD_ON_HIDDEN = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
-def _decoder_and_head(model):
+def decoder_and_head(model):
     """(decoder, lm_head) when logits are lm_head(decoder(input_ids).last_hidden_state) and the
     vocabulary is wider than the hidden state (so gathering hidden states moves less than gathering
     logits), else None."""
@@ -81,8 +81,8 @@ def _decoder_and_head(model):
 
 def shares_prompts(model) -> bool:
     """True where a batch built with `share_prompts` has each prompt forwarded once for all the rows
-    that share it: the LM head runs on hidden states (`_decoder_and_head`) and the decoder can."""
-    parts = _decoder_and_head(model)
+    that share it: the LM head runs on hidden states (`decoder_and_head`) and the decoder can."""
+    parts = decoder_and_head(model)
     return parts is not None and _decoder_shares(parts[0])
 
 
@@ -205,7 +205,7 @@ def response_logprobs(model, batch: SequenceBatch, with_entropy: bool = False,
     own logits are gathered (`_response_logits`). All give the same values; the gradients agree
     to rounding.
     """
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     real = None
     if parts is not None:
         real = batch.mask.bool()
