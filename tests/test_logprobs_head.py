@@ -9,7 +9,7 @@ from wide import assert_same_gradients, weighted_gradients
 from wide import wide_llama as _wide_llama
 
 from taut.models.testbed import build_testbed_model
-from taut.rl.logprobs import SequenceBatch, _decoder_and_head, response_logprobs
+from taut.rl.logprobs import SequenceBatch, decoder_and_head, response_logprobs
 
 
 def _sequences(vocab, seed=0, n=6, empty=True):
@@ -36,10 +36,10 @@ def _from_full_logits(model, seq, temperature):
 
 
 def test_head_runs_on_hidden_states_only_where_the_vocabulary_is_wider():
-    assert _decoder_and_head(_wide_llama()) is not None
-    assert _decoder_and_head(build_testbed_model("tiny").model) is None          # 37 tokens < 128 wide
+    assert decoder_and_head(_wide_llama()) is not None
+    assert decoder_and_head(build_testbed_model("tiny").model) is None          # 37 tokens < 128 wide
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2))
-    assert _decoder_and_head(gpt2) is None                                          # not in the list
+    assert decoder_and_head(gpt2) is None                                          # not in the list
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -73,7 +73,7 @@ def test_through_a_lora_wrapper():
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(_wide_llama(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    assert _decoder_and_head(model) is not None
+    assert decoder_and_head(model) is not None
     seq = _sequences(300, seed=2)
     logp, _ = response_logprobs(model, seq)
     ref, _ = _from_full_logits(model, seq, 1.0)
