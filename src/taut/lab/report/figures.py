@@ -162,7 +162,7 @@ def accuracy_vs_tokens(runs: list[RunResults], colors: list[str]) -> Drawn:
         Line2D([], [], ls="", marker="o", ms=8, mfc="white", mec=GREY, mew=1.8, label="first evaluated checkpoint"),
         Line2D([], [], ls="", marker="*", ms=12, color=GREY, label="chosen checkpoint"),
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    _legend_beside(ax, handles)
     return Drawn(
         "accuracy_vs_tokens", "Accuracy vs. tokens",
         "Every evaluated checkpoint of every run, joined in step order (ring: the first evaluated checkpoint; "
@@ -172,6 +172,11 @@ def accuracy_vs_tokens(runs: list[RunResults], colors: list[str]) -> Drawn:
         {"runs": data_runs, "frontier": [{"label": owners[i][0], "checkpoint": owners[i][1], "tokens_mean": points[i][0],
                                           "accuracy": points[i][1]} for i in frontier]},
     )
+
+
+def _legend_beside(ax, handles: list) -> None:
+    """The legend to the right of the axes, top-aligned (the run figures' legends)."""
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +218,7 @@ def budget_accuracy(runs: list[RunResults], colors: list[str]) -> Drawn:
     handles = [Line2D([], [], color=c, lw=1.8, marker="o", ms=5, label=f"{r.label} ({r.chosen.checkpoint})")
                for r, c in zip(runs, colors)]
     handles.append(Line2D([], [], color=GREY, lw=1.0, ls=":", label="accuracy without a budget"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    _legend_beside(ax, handles)
     return Drawn(
         "budget_accuracy", "Accuracy under a token budget",
         "A response cut at B tokens counts only if its answer was already complete and correct within those B "
@@ -563,7 +568,7 @@ def transfer(runs: list[RunResults], colors: list[str]) -> Drawn | Omitted:
                 Line2D([], [], color=GREY, marker="^", ls="--", ms=7, label="held-out")]
     if any(r.has_progress() for r in runs):
         handles.append(Line2D([], [], color=GREY, marker="o", ls="", ms=7, mfc="white", mew=1.5, label="first checkpoint"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    _legend_beside(ax, handles)
     return Drawn(
         "transfer", "In-domain vs. held-out",
         "Accuracy and mean tokens on the domains RL trained on and on held-out domains it never saw. "
