@@ -307,3 +307,18 @@ def test_the_estimate_counts_the_sft_loss_chunk_the_trainer_uses():
     import taut.sft as sft
 
     assert preflight.LOSS_CHUNK_TOKENS == sft.LOSS_CHUNK_TOKENS
+
+
+def test_the_estimates_precision_is_the_one_the_model_loads_in():
+    """preflight.precision mirrors taut.models.policy.resolve_dtype without importing torch: for
+    every dtype setting, on a CPU and on a GPU, the bytes per weight and the autocast agree."""
+    import torch
+
+    from taut.config import ModelConfig
+    from taut.models.policy import resolve_dtype
+    from taut.preflight import precision
+
+    for spec in ("auto", "bf16-mixed", "float32", "bfloat16", "float16"):
+        for gpu in (False, True):
+            weights, autocast = resolve_dtype(spec, torch.device("cuda" if gpu else "cpu"))
+            assert precision(ModelConfig(preset="tiny", dtype=spec), gpu) == (weights.itemsize, autocast is not None), (spec, gpu)
