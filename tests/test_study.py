@@ -145,7 +145,7 @@ def _start_model(folder: Path, weights: bytes) -> str:
     return str(folder)
 
 
-def test_done_cells_are_not_run_again_unless_they_came_from_other_weights(tmp_path, monkeypatch):
+def test_done_cells_are_not_run_again_and_cells_of_other_weights_are_kept_unless_restarted(tmp_path, monkeypatch):
     start = _start_model(tmp_path / "start", b"weights one")
     study = _study(tmp_path, seeds=[0], start=start)
     results = Path(study.results)
@@ -155,9 +155,13 @@ def test_done_cells_are_not_run_again_unless_they_came_from_other_weights(tmp_pa
     ran = []
     monkeypatch.setattr(st, "run_cell", lambda study, results, runs, cell, start: ran.append((cell.key, start)))
     assert st.run_study(study, results, tmp_path / "runs") == [] and ran == []
-    # the same name, other weights: every cell is made again from them, and the old ones are not read
+    # the same name, other weights (a start rebuilt elsewhere): refused, the committed cells kept
     _start_model(tmp_path / "start", b"weights two")
-    st.run_study(study, results, tmp_path / "runs")
+    with pytest.raises(ConfigError, match=f"made from another start \\({fingerprint}\\).*they are kept.*--restart"):
+        st.run_study(study, results, tmp_path / "runs")
+    assert ran == [] and all(st.cell_done(study, results, st.Cell(m, 0), fingerprint) for m in ("start", "gate", "pen"))
+    # asked to restart, every cell is made again from them, and the old ones are not read
+    st.run_study(study, results, tmp_path / "runs", restart=True)
     assert sorted(k for k, _ in ran) == ["gate/seed0", "pen/seed0", "start/seed0"]
     assert {fp for _, fp in ran} == {st.start_fingerprint(start)} != {fingerprint}
     _write_cell(results, "other", 0, _report({}), [], start="elsewhere")

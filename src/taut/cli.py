@@ -485,7 +485,8 @@ def bench(ctx: typer.Context,
           out: OutOpt = None,
           write: Annotated[Optional[Path], typer.Option(metavar="FILE", help="write this BENCHMARKS.md (default: BENCHMARKS.md, not with --quick)")] = None,
           suite: Annotated[Optional[str], typer.Option(metavar="SUITE", help="run the suite recipes/bench-SUITE.yaml; writes its BENCHMARKS.md section")] = None,
-          report_only: Annotated[bool, typer.Option("--report", help="a study suite: write its section from the committed cells, run nothing")] = False):
+          report_only: Annotated[bool, typer.Option("--report", help="a study suite: write its section from the committed cells, run nothing")] = False,
+          restart: Annotated[bool, typer.Option("--restart", help="a study suite: make again the cells made from another start than the one it has now")] = False):
     """Every method from one shared start with the same rollout budget; writes BENCHMARKS.md."""
     if ctx.invoked_subcommand is not None:
         return
@@ -504,7 +505,7 @@ def bench(ctx: typer.Context,
         from taut.lab.bench.study import is_study
 
         if is_study(path):
-            _study(path, suite, quick, out, write, report_only)
+            _study(path, suite, quick, out, write, report_only, restart)
             return
         if report_only:
             err_console.print(f"[red]error:[/red] --report: {path} is not a study recipe (no `study:` key); rerun the suite to report it")
@@ -541,7 +542,7 @@ def bench(ctx: typer.Context,
     _next(f"results: {out / 'bench.json'}" + (f"; {target}" if target else ""), f"taut compare {out}/<method>/seed<N> ... --out {out}/compare")
 
 
-def _study(path: Path, name: str, quick: bool, out: Path, write: Optional[Path], report_only: bool) -> None:
+def _study(path: Path, name: str, quick: bool, out: Path, write: Optional[Path], report_only: bool, restart: bool) -> None:
     """`taut bench --suite NAME` for a study recipe: the missing cells, then the section."""
     from taut.lab.bench.study import StudyError, load_study, report, run_study
 
@@ -554,7 +555,7 @@ def _study(path: Path, name: str, quick: bool, out: Path, write: Optional[Path],
 
         try:
             with claim_run_dir(out, resume=True, overwrite=False):      # one study process per run folder
-                run_study(study, results, out)
+                run_study(study, results, out, restart=restart)
         except StudyError as err:
             err_console.print(f"[red]error:[/red] {err}; rerun the same command: finished cells are kept")
             raise typer.Exit(1) from None

@@ -303,8 +303,10 @@ def all_cells(study: Study) -> list[Cell]:
     return [Cell("start", s) for s in start_seeds(study)] + [Cell(m.name, s) for s in study.seeds for m in study.methods]
 
 
-def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
-    """Every cell whose files are missing, `study.workers` at a time; the start's first."""
+def run_study(study: Study, results: Path, runs: Path, restart: bool = False) -> list[dict[str, Any]]:
+    """Every cell whose files are missing, `study.workers` at a time; the start's first. Cells
+    made from other weights than the start's now are refused (a start rebuilt on another machine
+    need not be the same bit for bit), unless `restart`: then they are made again from it."""
     results, runs = Path(results), Path(runs)
     cells = all_cells(study)
     if not _start_exists(study.start):
@@ -314,6 +316,11 @@ def run_study(study: Study, results: Path, runs: Path) -> list[dict[str, Any]]:
             raise ConfigError(f"study {study.study}: start {study.start!r} does not exist{hint}")
         return []
     start = start_fingerprint(study.start)
+    others = sorted({cell_start(cell_dir(results, c)) for c in cells if cell_done(study, results, c)} - {start}, key=str)
+    if others and not restart:
+        raise ConfigError(f"study {study.study}: the cells under {results} were made from another start ({', '.join(map(str, others))}) "
+                          f"than {study.start} now holds ({start}); they are kept. Bring back the start they were made from, "
+                          f"or make every cell again from this one with --restart (the cells made from the other are replaced)")
     todo = [c for c in cells if not cell_done(study, results, c, start)]
     print(f"study {study.study}: {len(cells) - len(todo)} of {len(cells)} cells done in {results} (start {start}); "
           f"running {len(todo)}", flush=True)
