@@ -443,6 +443,24 @@ def test_a_fresh_lora_adapter_is_drawn_from_the_run_seed_alone(model_dir):
     assert torch.equal(torch.random.get_rng_state(), before)          # and the process's stream is left as it was
 
 
+def test_wrapping_a_model_with_lora_raises_no_deprecation_warning(model_dir, tmp_path):
+    """peft reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model: the
+    FutureWarning it raised went into every LoRA run's log. A fresh adapter, and one resumed from
+    a checkpoint, are made without it."""
+    import warnings
+
+    from taut.checkpoint import save_policy
+    from taut.models.loading import load_policy, resume_policy
+
+    config = ModelConfig.model_validate({"path": str(model_dir), "threads": 1, "lora": LORA})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy = load_policy(config, seed=0)
+        save_policy(policy, tmp_path / "ckpt")
+        resume_policy(config, tmp_path / "ckpt")
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bf16-mixed"])
 def test_the_chunked_sft_loss_equals_the_full_logits_loss(dtype, model_dir, monkeypatch):
     """taut.sft.response_loss runs the LM head on the response tokens only, a chunk at a time:

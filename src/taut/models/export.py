@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from taut.models.loading import resolve_model_path
+from taut.models.lora import peft_wrapping
 from taut.models.policy import ADAPTER_DIR, BASE_FILE
 
 
@@ -63,7 +64,8 @@ def export_lowrank(checkpoint: Path, out: Path, base_path: str, rank: int, embed
     lora = LoraConfig(r=rank, lora_alpha=rank, target_modules=sorted(linear | embedding),
                       rank_pattern={k: embedding_rank for k in embedding}, alpha_pattern={k: embedding_rank for k in embedding},
                       modules_to_save=sorted(whole) or None)
-    peft_model = get_peft_model(model, lora)
+    with peft_wrapping():
+        peft_model = get_peft_model(model, lora)
     kept: dict[str, list[float]] = {}
     with torch.no_grad():
         for name, module in peft_model.named_modules():

@@ -21,7 +21,7 @@ from taut.allocator import keep_freed_memory, return_freed_memory
 from taut.checkpoint import chosen_checkpoint, require_intact
 from taut.config import ModelConfig
 from taut.models.gguf import PACKAGED_PREFIX, gguf_model_dir, packaged_gguf
-from taut.models.lora import adapter_base, merged_adapter, with_lora
+from taut.models.lora import adapter_base, merged_adapter, peft_wrapping, with_lora
 from taut.models.policy import (
     ADAPTER_DIR,
     BASE_FILE,
@@ -147,6 +147,7 @@ def resume_policy(config: ModelConfig, checkpoint: Path) -> Policy:
 
     base = json.loads((adapter / BASE_FILE).read_text())
     policy = load_policy(config.model_copy(update={"path": base["path"], "preset": base["preset"], "lora": None}), seed=base["seed"])
-    policy.model = PeftModel.from_pretrained(policy.model, str(adapter), is_trainable=True)
+    with peft_wrapping():
+        policy.model = PeftModel.from_pretrained(policy.model, str(adapter), is_trainable=True)
     policy.lora_base = base
     return policy

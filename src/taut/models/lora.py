@@ -13,7 +13,10 @@ saved with.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,16 @@ def adapter_base(directory: str) -> dict[str, Any] | None:
     return base
 
 
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Around peft wrapping a model: peft reads transformers' deprecated `is_gradient_checkpointing`
+    when it builds a PeftModel, which printed a FutureWarning into every LoRA run's log — peft's
+    to change, nothing a user can act on. Only that warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def merged_adapter(model: PreTrainedModel, adapter: Path) -> PreTrainedModel:
     """`model` with the LoRA adapter in `adapter` merged into its weights (a plain model again)."""
     try:
@@ -45,7 +58,8 @@ def merged_adapter(model: PreTrainedModel, adapter: Path) -> PreTrainedModel:
         raise MissingExtra(f"the model at {adapter.parent} is a LoRA adapter and needs the 'peft' package: "
                            f"pip install 'taut[lora]'") from None
 
-    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    with peft_wrapping():
+        return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
 
 
 def with_lora(model: PreTrainedModel, config: ModelConfig, seed: int) -> PreTrainedModel:
@@ -56,7 +70,7 @@ def with_lora(model: PreTrainedModel, config: ModelConfig, seed: int) -> PreTrai
 
     lora = config.lora
     device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), peft_wrapping():
         torch.manual_seed(seed)
         return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
