@@ -116,6 +116,9 @@ def test_the_section_pools_seeds_compares_with_error_bars_and_lists_missing_cell
     text = md.read_text()
     assert text.startswith("# Benchmarks") and "<!-- suite:t -->" in text
     assert "Not yet run: pen/seed1." in text and "5 of 6 cells run" in text
+    # each seed on its own: the gate's two seeds, the penalty's one
+    assert rows["gate"]["by_seed"][1]["accuracy"] == pytest.approx(0.6) and set(rows["pen"]["by_seed"]) == {0}
+    assert "| gate | 0.50 / 150 | 0.60 / 150 |" in text and "| pen | 0.20 / 100 | – |" in text
     assert (tmp_path / "figures" / "t-pareto.png").is_file()
     # a second report replaces its section instead of appending another
     st.report(study, results, md, "taut bench --suite t", tmp_path / "figures")

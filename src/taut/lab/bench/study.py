@@ -469,7 +469,8 @@ def study_tables(study: Study, cells: dict[str, dict[int, dict]]) -> dict[str, A
                        "trained_all": pooled(reports, study.trained, None),
                        "held_out": {lv: pooled(reports, study.held_out, lv) for lv in levels} if study.held_out else {},
                        "held_out_all": pooled(reports, study.held_out, None) if study.held_out else None,
-                       "by_family": {f: {lv: pooled(reports, [f], lv) for lv in levels} for f in [*study.trained, *study.held_out]}}
+                       "by_family": {f: {lv: pooled(reports, [f], lv) for lv in levels} for f in [*study.trained, *study.held_out]},
+                       "by_seed": {s: pooled([c["evals"][mode]], study.trained, None) for s, c in sorted(cells[m].items())}}
         eff = efficiency(cells, mode) if "start" in cells else {}
         for m, e in eff.items():
             rows[m]["efficiency"] = e
@@ -546,6 +547,14 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
             lines.append(f"| {m} | {len(r['seeds'])} | {per_level} | {_f(a['tokens'], '.0f')} | {_f(a['redundancy'])} | "
                          f"{_f(a['necessary'], '.0f')} | {_f(a['tokens_per_correct'], '.0f')} | {_f(e.get('overthinking'), '.0f')} | "
                          f"{_f(e.get('underthinking_pp'), '.1f')} pts |")
+        seeds = sorted({s for r in rows.values() for s in r["by_seed"]})
+        if len(seeds) > 1:
+            lines += ["", "Seed by seed, trained families, all levels: accuracy / mean tokens — how far one method's seeds "
+                      "lie apart, against the differences between methods", "",
+                      "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+            for m, r in rows.items():
+                lines.append(f"| {m} | " + " | ".join(f"{_f(r['by_seed'][s]['accuracy'])} / {_f(r['by_seed'][s]['tokens'], '.0f')}"
+                                                    if s in r["by_seed"] else "–" for s in seeds) + " |")
         if study.held_out:
             lines += ["", f"Evaluation-only ({', '.join(study.held_out)}), per level: accuracy ± SE / tokens; and direct "
                       "answers (no thinking) on the trained families, per level", "",
