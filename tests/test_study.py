@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,23 @@ def test_a_published_cell_keeps_only_the_checkpoint_it_stands_for(tmp_path, monk
     (runs / "pen" / "seed0" / "selection.json").write_text(json.dumps({"checkpoint": "step-000004"}))
     st.drop_spent_checkpoints(runs / "pen" / "seed0")      # the chosen one stays
     assert (runs / "pen" / "seed0" / "checkpoints" / "step-000004").is_dir()
+
+
+def test_a_run_left_from_other_weights_is_replaced_not_resumed(tmp_path, monkeypatch):
+    """A cell's run directory whose marker names another start (or none) holds a run of other
+    weights: it is removed and trained afresh, never resumed."""
+    study = _study(tmp_path, seeds=[0])
+    results, runs = Path(study.results), tmp_path / "runs"
+    for marker in ("elsewhere\n", None):
+        run = runs / "gate" / "seed0"
+        (run / "checkpoints" / "step-000004").mkdir(parents=True)
+        (run / "stale.txt").write_text("from the other start")
+        if marker is not None:
+            (run / "study-start.txt").write_text(marker)
+        calls: list[tuple[str, ...]] = []
+        monkeypatch.setattr(st, "taut_command", _fake_commands(calls))
+        st.run_cell(study, results, runs, st.Cell("gate", 0), "fp")
+        assert calls[0][0] == "train" and "--resume" not in calls[0] and "--overwrite" not in calls[0]
+        assert not (run / "stale.txt").exists() and (run / "study-start.txt").read_text() == "fp\n"
+        shutil.rmtree(runs)
+        shutil.rmtree(results)
