@@ -302,6 +302,40 @@ def test_sft_on_written_traces_runs_from_a_recipe(tmp_path):
     assert json.loads((tmp_path / "sft" / "selection.json").read_text())["checkpoint"] == "step-000002"   # the only one saved
 
 
+def test_sft_tokens_per_second_count_the_training_steps_only(tmp_path, monkeypatch):
+    """`tokens_per_s` in an SFT run's metrics is response tokens over the steps' own time: the
+    validation losses (100 s each on the fake clock below) and checkpoints are not in it."""
+    from test_real_models import tiny_chat_model
+
+    import taut.sft
+
+    clock = [0.0]
+    monkeypatch.setattr(taut.sft.time, "perf_counter", lambda: clock[0])
+    real_step, real_validation = taut.sft.sft_step, taut.sft.validation_loss
+
+    def step(*args):
+        clock[0] += 2.0
+        return real_step(*args)
+
+    def validation(*args):
+        clock[0] += 100.0
+        return real_validation(*args)
+
+    monkeypatch.setattr(taut.sft, "sft_step", step)
+    monkeypatch.setattr(taut.sft, "validation_loss", validation)
+    config = RunConfig.model_validate({
+        "model": {"path": str(tiny_chat_model(tmp_path / "model")), "threads": 1},
+        "data": {"sft": ["written:all"], "levels": [1, 2]},
+        "sft": {"steps": 2, "batch_size": 2, "checkpoint_every": 2, "log_every": 2, "val_every": 1, "val_examples": 4},
+    })
+    taut.sft.train_sft(config, tmp_path / "sft", quiet=True)
+    (line,) = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert line["elapsed_s"] >= 204.0                    # two steps and two validation losses on the clock
+    tokens = sum(int((taut.sft.encode_batch(taut.sft.load_policy(config.model), taut.sft.step_batch(config, s))[1][:, 1:]
+                      != -100).sum()) for s in range(2))
+    assert line["tokens_per_s"] == pytest.approx(tokens / 4.0)
+
+
 def test_data_preview_shows_written_problems_with_their_oracle():
     from typer.testing import CliRunner
 

@@ -211,12 +211,15 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     heartbeat.beat(start)
 
     held_back = validation_examples(config) if sft.val_every else []
-    tokens_seen, t0 = 0, time.perf_counter()
+    # tokens/s counts the steps' time only: validation losses and checkpoints (elapsed_s has them) are not training
+    tokens_seen, training_s, t0 = 0, 0.0, time.perf_counter()
     with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:
         if held_back and start == 0:
             log.write({"step": 0, "val_loss": validation_loss(policy, held_back, sft.batch_size)})
         for step in range(start, sft.steps):
+            tick = time.perf_counter()
             lr, loss_sum, n_tokens, grad_norm = sft_step(config, policy, optimizer, guard, step)
+            training_s += time.perf_counter() - tick
             tokens_seen += n_tokens
             window_loss += loss_sum
             window_tokens += n_tokens
@@ -224,7 +227,7 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
             if done % sft.log_every == 0 or done == sft.steps:
                 elapsed = time.perf_counter() - t0
                 log.write({"step": done, "loss": window_loss / max(1, window_tokens), "lr": lr, "grad_norm": grad_norm,
-                           "tokens_per_s": tokens_seen / elapsed, "elapsed_s": elapsed})
+                           "tokens_per_s": tokens_seen / training_s if training_s else None, "elapsed_s": elapsed})
                 progress.update(done, loss=window_loss / max(1, window_tokens))
                 window_loss, window_tokens = 0.0, 0
             if held_back and (done % sft.val_every == 0 or done == sft.steps):
