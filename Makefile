@@ -79,7 +79,7 @@ study-arith: $(STAMP)
 written-start: $(STAMP)
 	$(BIN)/python -m taut.lab.written_start --out runs/written --workers 2 --doc
 
-# The real-model study (recipes/bench-real.yaml, docs/real-models.md): eight methods x three seeds
+# The real-model study (recipes/bench-real.yaml, docs/real-models.md): nine methods x three seeds
 # from the SmolLM2 overthinker that `make written-start` builds; cells already under results/real
 # are not run again, so it continues over sittings. Then BENCHMARKS.md's section.
 study-real: $(STAMP)

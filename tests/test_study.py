@@ -34,7 +34,9 @@ def _study(tmp_path: Path, **fields) -> st.Study:
 def test_the_real_study_recipe_makes_a_valid_run_for_every_cell_and_its_smoke():
     for quick in (False, True):
         study = st.load_study(REAL, quick=quick)
-        assert {m.name for m in study.methods} == {"control", "siri", "dapo", "dler", "alp", "gate", "gate-off", "curriculum"}
+        assert {m.name for m in study.methods} == {"control", "siri", "dapo", "dler", "alp", "gate", "gate-off", "gate-6of8",
+                                                   "curriculum"}
+        assert study.gates == ["gate", "gate-6of8"]
         budgets = set()
         for method in study.methods:
             config = st.cell_config(study, method, 2)
@@ -346,3 +348,18 @@ def test_a_run_left_from_other_weights_is_replaced_not_resumed(tmp_path, monkeyp
         assert not (run / "stale.txt").exists() and (run / "study-start.txt").read_text() == "fp\n"
         shutil.rmtree(runs)
         shutil.rmtree(results)
+
+
+def test_each_gate_of_a_study_is_compared_with_each_penalty(tmp_path):
+    methods = [{"name": "gate", "set": {"strategy": {"name": "mastery-gated"}}},
+               {"name": "gate-6of8", "set": {"strategy": {"name": "mastery-gated", "tau": 0.75}}},
+               {"name": "pen", "set": {"strategy": {"name": "alp"}}}]
+    study = _study(tmp_path, seeds=[0], gate=["gate", "gate-6of8"], methods=methods)
+    results = Path(study.results)
+    for method, accuracy in (("start", 0.5), ("gate", 0.6), ("gate-6of8", 0.55), ("pen", 0.4)):
+        _write_cell(results, method, 0, _report({("columns", 2): (accuracy, 100.0, 100)}), _outcomes([True] * 50 + [False] * 50, 100))
+    tables = st.report(study, results, None, "taut bench --suite t", tmp_path / "figures")
+    pairs = {(c["a"], c["b"]): c["difference"] for c in tables["modes"]["greedy"]["comparisons"]}
+    assert pairs == {("gate", "pen"): pytest.approx(0.2), ("gate-6of8", "pen"): pytest.approx(0.15)}
+    with pytest.raises(ConfigError, match="gate: no method 'gate-5of8'"):
+        _study(tmp_path, gate=["gate", "gate-5of8"], methods=methods)

@@ -15,7 +15,7 @@ A study recipe is `recipes/bench-NAME.yaml` with `study: NAME` (a suite recipe h
       greedy: {temperature: 0, samples: 1}
     trained: [columns, stories]   the families RL trains on; held_out: evaluated only
     held_out: [times]
-    gate: gate                    the method set against each of `penalties` on the hardest level
+    gate: [gate, gate-6of8]       the method(s) set against each of `penalties` on the hardest level
     penalties: [siri, dapo, dler, alp, gate-off]
     methods:
       - name: siri
@@ -89,9 +89,13 @@ class Study(Strict):
     evals: dict[str, dict[str, Any]] = Field(min_length=1)
     trained: list[str] = Field(min_length=1)
     held_out: list[str] = Field(default_factory=list)
-    gate: str | None = None
+    gate: str | list[str] | None = Field(None, description="the method(s) compared with each of `penalties`")
     penalties: list[str] = Field(default_factory=list)
     methods: list[StudyMethod] = Field(min_length=1)
+
+    @property
+    def gates(self) -> list[str]:
+        return [self.gate] if isinstance(self.gate, str) else list(self.gate or [])
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def load_study(path: Path, quick: bool = False) -> Study:
     names = [m.name for m in study.methods]
     if "start" in names or len(set(names)) != len(names):
         raise ConfigError(f"{path}: methods: names must be distinct and not 'start', got {names}")
-    for field, wanted in (("gate", [study.gate] if study.gate else []), ("penalties", study.penalties),
+    for field, wanted in (("gate", study.gates), ("penalties", study.penalties),
                           ("overrides", list(study.overrides))):
         unknown = [n for n in wanted if n not in names]
         if unknown:
@@ -475,12 +479,12 @@ def study_tables(study: Study, cells: dict[str, dict[int, dict]]) -> dict[str, A
         for m, e in eff.items():
             rows[m]["efficiency"] = e
         pairs = []
-        if study.gate in rows and hardest is not None:
+        for gate in (g for g in study.gates if g in rows and hardest is not None):
             for p in study.penalties:
                 if p in rows:
-                    c = compare(rows[study.gate]["trained"][hardest], rows[p]["trained"][hardest])
+                    c = compare(rows[gate]["trained"][hardest], rows[p]["trained"][hardest])
                     if c:
-                        pairs.append({"a": study.gate, "b": p, **c})
+                        pairs.append({"a": gate, "b": p, **c})
         tables["modes"][mode] = {"rows": rows, "comparisons": pairs, "targets": targets(study, rows, levels)}
     return tables
 
@@ -565,7 +569,7 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
                                                     f"{_f(r['held_out'][lv]['tokens'], '.0f')}" for lv in levels) + " | " +
                              " | ".join(_f(r["trained"][lv]["direct"]) for lv in levels) + " |")
         if t["comparisons"]:
-            lines += ["", f"The gate against each global penalty, level {hardest} (trained families): a − b in accuracy, "
+            lines += ["", f"Each gate against each global penalty, level {hardest} (trained families): a − b in accuracy, "
                       "error bar 2·√(SE_a² + SE_b²); it decides when the difference is outside the bar or the bar is ≤ 3 points.",
                       "", "| a | b | difference | error bar | decides | tokens a / b |", "|---|---|---|---|---|---|"]
             for c in t["comparisons"]:
@@ -615,7 +619,9 @@ def pareto_figure(study: Study, tables: dict[str, Any], path: Path) -> Path | No
             ax.set_title(f"{mode}, " + ("held-out, all levels" if part == "held_out" else f"level {lv}"), fontsize=9)
             ax.set_xlabel("tokens")
             ax.set_ylabel("accuracy")
-    axes[0][-1].legend(fontsize=7)
+    drawn = [ax for ax in axes[0] if ax.get_legend_handles_labels()[0]]
+    if drawn:
+        drawn[-1].legend(fontsize=7)                # the rightmost panel with points (not an empty held-out one)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
