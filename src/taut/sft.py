@@ -181,30 +181,36 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
         return _train_sft(config, run_dir, resume, quiet, stop, heartbeat)
 
 
+def _start_or_resume(config: RunConfig, run_dir: Path, resume: bool) -> tuple[Policy, torch.optim.Optimizer, int, tuple[float, int]]:
+    """The policy in training mode and its optimizer, fresh or from the run's latest intact checkpoint;
+    the step to start at; the loss and tokens since the last metrics line (a checkpoint can fall between two)."""
+    sft = config.sft
+    if resume:
+        remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
+    settings = config.model.model_copy(update={"keep_freed_memory": config.model.keeps_freed_memory("sft")})
+    start, window, ckpt = 0, (0.0, 0), latest_intact_checkpoint(run_dir) if resume else None
+    if ckpt is not None:
+        policy = resume_policy(settings, ckpt)
+        state = read_state(ckpt)
+        start, window = state["step"], tuple(state.get("window", (0.0, 0)))
+    else:
+        policy = load_policy(settings, seed=config.seed)
+    after_load(config, "sft", policy)             # the longest example against the context; memory
+    policy.model.train()
+    if sft.activation_checkpointing:
+        enable_activation_checkpointing(policy.model)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=sft.lr, betas=sft.betas, weight_decay=sft.weight_decay)
+    if start:
+        load_optimizer(optimizer, ckpt)
+    return policy, optimizer, start, window
+
+
 def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
                heartbeat: Heartbeat) -> Path:
     (run_dir / "config.yaml").write_text(to_yaml(config))
     sft = config.sft
-    start = 0
-    window_loss, window_tokens = 0.0, 0              # the loss of the steps since the last metrics line
-    if resume:
-        remove_partial(run_dir)           # first: it puts back a checkpoint a kill left mid-swap
-    settings = config.model.model_copy(update={"keep_freed_memory": config.model.keeps_freed_memory("sft")})
-    if resume and (ckpt := latest_intact_checkpoint(run_dir)) is not None:
-        policy = resume_policy(settings, ckpt)
-        state = read_state(ckpt)
-        start = state["step"]
-        window_loss, window_tokens = state.get("window", (0.0, 0))   # a checkpoint between two metrics lines
-    else:
-        policy = load_policy(settings, seed=config.seed)
-    after_load(config, "sft", policy)             # the longest example against the context; memory
+    policy, optimizer, start, (window_loss, window_tokens) = _start_or_resume(config, run_dir, resume)
     model = policy.model
-    model.train()
-    if sft.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=sft.betas, weight_decay=sft.weight_decay)
-    if start:
-        load_optimizer(optimizer, ckpt)
     trackers = open_trackers(config, run_dir, resume_step=start if start else None)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
     guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps, section="sft")
