@@ -248,40 +248,9 @@ def test_the_section_shows_each_methods_response_to_the_same_problem_at_the_easi
     assert md.count("<summary>gate: right, 2 tokens (2 necessary)</summary>") == 2 and "Wait, let me double-check." in md
 
 
-def test_a_cell_reaches_the_results_only_whole(tmp_path, monkeypatch):
-    """A cell whose evaluation fails leaves nothing under results/ (the committed tree never holds
-    half a cell); run again, it keeps what the run did and publishes the whole cell."""
-    study = _study(tmp_path, seeds=[0])
-    results, runs = Path(study.results), tmp_path / "runs"
-    cell = st.Cell("start", 0)
-    failing = {"sampled"}
-
-    def command(*args, log):
-        if args[0] == "eval":
-            out = Path(args[args.index("--out") + 1])
-            mode = out.stem
-            if mode in failing:
-                raise st.StudyError("exit status 1")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(_report({("columns", 1): (1.0, 10.0, 1)})))
-            out.with_suffix(".samples.jsonl").write_text(json.dumps(
-                {"problem_id": "columns:1:a", "domain": "columns", "difficulty": 1, "correct": True, "length": 3,
-                 "text": "Answer: 5"}) + "\n")
-        return 60.0
-
-    monkeypatch.setattr(st, "taut_command", command)
-    study = study.model_copy(update={"evals": {"greedy": {"temperature": 0}, "sampled": {"temperature": 0.7}}})
-    with pytest.raises(st.StudyError):
-        st.run_cell(study, results, runs, cell, "fp")
-    assert not st.cell_dir(results, cell).exists()
-    failing.clear()
-    record = st.run_cell(study, results, runs, cell, "fp")
-    assert st.cell_done(study, results, cell, "fp") and record["eval_seconds"] == {"greedy": 60.0, "sampled": 60.0}
-    assert not (results / "start" / "seed0.tmp").exists()
-
-
-def _fake_commands(calls: list[tuple[str, ...]]):
-    """taut_command's stand-in: `train` writes two checkpoints and a finished curriculum, `eval` a report."""
+def _fake_commands(calls: list[tuple[str, ...]], failing: set[str] = frozenset()):
+    """taut_command's stand-in: `train` writes two checkpoints and a finished curriculum, `eval` a
+    report (or fails, for the modes in `failing`); each call's arguments are appended to `calls`."""
     def command(*args, log):
         calls.append(args)
         if args[0] == "train":
@@ -291,6 +260,8 @@ def _fake_commands(calls: list[tuple[str, ...]]):
             (run / "curriculum.json").write_text(json.dumps({"finished": True}))
         else:
             out = Path(args[args.index("--out") + 1])
+            if out.stem in failing:
+                raise st.StudyError("exit status 1")
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(_report({("columns", 1): (1.0, 10.0, 1)})))
             out.with_suffix(".samples.jsonl").write_text(json.dumps(
@@ -298,6 +269,24 @@ def _fake_commands(calls: list[tuple[str, ...]]):
                  "text": "Answer: 5"}) + "\n")
         return 60.0
     return command
+
+
+def test_a_cell_reaches_the_results_only_whole(tmp_path, monkeypatch):
+    """A cell whose evaluation fails leaves nothing under results/ (the committed tree never holds
+    half a cell); run again, it keeps what the run did and publishes the whole cell."""
+    study = _study(tmp_path, seeds=[0])
+    results, runs = Path(study.results), tmp_path / "runs"
+    cell = st.Cell("start", 0)
+    failing = {"sampled"}
+    monkeypatch.setattr(st, "taut_command", _fake_commands([], failing))
+    study = study.model_copy(update={"evals": {"greedy": {"temperature": 0}, "sampled": {"temperature": 0.7}}})
+    with pytest.raises(st.StudyError):
+        st.run_cell(study, results, runs, cell, "fp")
+    assert not st.cell_dir(results, cell).exists()
+    failing.clear()
+    record = st.run_cell(study, results, runs, cell, "fp")
+    assert st.cell_done(study, results, cell, "fp") and record["eval_seconds"] == {"greedy": 60.0, "sampled": 60.0}
+    assert not (results / "start" / "seed0.tmp").exists()
 
 
 def test_a_cell_whose_run_stopped_before_its_first_checkpoint_trains_again(tmp_path, monkeypatch):
