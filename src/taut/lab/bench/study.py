@@ -15,7 +15,7 @@ A study recipe is `recipes/bench-NAME.yaml` with `study: NAME` (a suite recipe h
       greedy: {temperature: 0, samples: 1}
     trained: [columns, stories]   the families RL trains on; held_out: evaluated only
     held_out: [times]
-    gate: [gate, gate-6of8]       the method(s) set against each of `penalties` on the hardest level
+    gates: [gate, gate-6of8]      the methods set against each of `penalties` on the hardest level
     penalties: [siri, dapo, dler, alp, gate-off]
     methods:
       - name: siri
@@ -89,13 +89,9 @@ class Study(Strict):
     evals: dict[str, dict[str, Any]] = Field(min_length=1)
     trained: list[str] = Field(min_length=1)
     held_out: list[str] = Field(default_factory=list)
-    gate: str | list[str] | None = Field(None, description="the method(s) compared with each of `penalties`")
+    gates: list[str] = Field(default_factory=list, description="the methods compared with each of `penalties`")
     penalties: list[str] = Field(default_factory=list)
     methods: list[StudyMethod] = Field(min_length=1)
-
-    @property
-    def gates(self) -> list[str]:
-        return [self.gate] if isinstance(self.gate, str) else list(self.gate or [])
 
 
 @dataclass(frozen=True)
@@ -128,7 +124,7 @@ def load_study(path: Path, quick: bool = False) -> Study:
     names = [m.name for m in study.methods]
     if "start" in names or len(set(names)) != len(names):
         raise ConfigError(f"{path}: methods: names must be distinct and not 'start', got {names}")
-    for field, wanted in (("gate", study.gates), ("penalties", study.penalties),
+    for field, wanted in (("gates", study.gates), ("penalties", study.penalties),
                           ("overrides", list(study.overrides))):
         unknown = [n for n in wanted if n not in names]
         if unknown:
