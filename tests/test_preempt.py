@@ -139,3 +139,39 @@ def test_handlers_are_restored_after_the_block():
     with stop_on_signals():
         assert signal.getsignal(signal.SIGTERM) not in before[:1]
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
+
+
+def test_a_killed_sft_loses_at_most_checkpoint_minutes_and_a_finished_run_keeps_only_its_step_checkpoints(tmp_path, monkeypatch):
+    import taut.sft as sft
+    from taut.config import RunConfig
+
+    import yaml
+
+    config = RunConfig.model_validate(yaml.safe_load(SFT))
+    config.sft.steps, config.sft.checkpoint_every = 10, 4
+    clean = sft.train_sft(config.model_copy(update={"sft": config.sft.model_copy(update={"checkpoint_minutes": None})}),
+                          tmp_path / "clean", quiet=True)
+    clock = iter(range(0, 10**6, 11 * 60))                      # 11 minutes pass between two readings
+    monkeypatch.setattr(sft, "_clock", lambda: next(clock))
+    seen, encode = [], sft.encode_batch
+
+    def encode_and_kill(*args, **kwargs):
+        seen.append([p.name for p in list_checkpoints(timed)])
+        if len(seen) == 8:                                      # killed during step 8
+            raise KeyboardInterrupt
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "encode_batch", encode_and_kill)
+    timed = tmp_path / "timed"
+    try:
+        sft.train_sft(config, timed, quiet=True)
+        raise AssertionError("not killed")
+    except KeyboardInterrupt:
+        pass
+    assert seen[5] == ["step-000004", "step-000005"]             # each step timed; the newest timed one only
+    assert seen[7] == ["step-000004", "step-000007"]             # the kill loses step 8 alone
+    monkeypatch.setattr(sft, "encode_batch", encode)
+    final = sft.train_sft(config, timed, resume=True, quiet=True)
+    assert [p.name for p in list_checkpoints(timed)] == [p.name for p in list_checkpoints(tmp_path / "clean")] \
+        == ["step-000004", "step-000008", "step-000010"]
+    assert _same(_weights(final), _weights(clean))

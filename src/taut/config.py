@@ -212,6 +212,10 @@ class SFTConfig(Strict):
                            "(docs/real-models.md, 'SFT from files', has the measured peaks)")
     log_every: int = Field(50, gt=0)
     checkpoint_every: int = Field(500, gt=0)
+    checkpoint_minutes: float | None = Field(
+        10.0, gt=0, description="also write a checkpoint once this many minutes have passed since the last one, so a killed "
+                                "run loses at most that much; only the newest of these timed checkpoints is kept (the "
+                                "checkpoint_every ones all stay); null: by steps only")
     val_every: int | None = Field(None, gt=0, description="log the loss on held-back validation-split examples every this "
                                                           "many steps (and at 0 and the end): where to stop SFT before RL")
     val_examples: int = Field(256, gt=0, description="validation examples (drawn once from the validation split)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -19,16 +20,18 @@ import torch.utils.checkpoint
 from taut.checkpoint import (
     CHECKPOINTS,
     SELECTION,
+    CheckpointError,
     checkpoint_step,
     latest_checkpoint,
     latest_intact_checkpoint,
+    list_checkpoints,
     load_optimizer,
     read_state,
     remove_partial,
     save_checkpoint,
     write_json_atomic,
 )
-from taut.config import RunConfig, to_yaml
+from taut.config import RunConfig, SFTConfig, to_yaml
 from taut.heartbeat import Heartbeat
 from taut.models.loading import load_policy, resume_policy
 from taut.models.policy import Policy, enable_activation_checkpointing
@@ -217,6 +220,7 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     heartbeat.beat(start)
 
     held_back = validation_examples(config) if sft.val_every else []
+    checkpoints = Checkpoints(run_dir, sft)
     # tokens/s counts the steps' time only: validation losses and checkpoints (elapsed_s has them) are not training
     tokens_seen, training_s, t0 = 0, 0.0, time.perf_counter()
     with trackers, StepProgress(sft.steps, "sft", quiet, start) as progress:
@@ -238,17 +242,48 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
                 window_loss, window_tokens = 0.0, 0
             if held_back and (done % sft.val_every == 0 or done == sft.steps):
                 log.write({"step": done, "val_loss": validation_loss(policy, held_back, sft.batch_size)})
-            if done % sft.checkpoint_every == 0 or done == sft.steps or stop:
-                checkpoint = save_checkpoint(run_dir, done, policy, {"kind": "sft", "window": [window_loss, window_tokens]},
-                                             optimizer)
-                if stop and done < sft.steps:
-                    raise Preempted(stop.signal_name, done, checkpoint, resume_command("sft", run_dir))
+            checkpoint = checkpoints.after(done, policy, optimizer, [window_loss, window_tokens], bool(stop))
+            if stop and done < sft.steps:
+                raise Preempted(stop.signal_name, done, checkpoint, resume_command("sft", run_dir))
             heartbeat.beat(done)
     final = latest_checkpoint(run_dir)
     chosen = select_lowest_validation_loss(run_dir) if held_back else None
     if not quiet:
         print_summary(run_dir, sft.steps, final, chosen, bool(held_back))
     return final
+
+
+_clock = time.monotonic           # seconds; tests advance it
+
+
+class Checkpoints:
+    """When the SFT loop writes a checkpoint: every `checkpoint_every` steps, at the last step, at a
+    stop, and once `checkpoint_minutes` have passed since the last one. A timed checkpoint is there
+    to resume from: the next checkpoint replaces it, so a finished run holds the same checkpoints
+    with or without them."""
+
+    def __init__(self, run_dir: Path, sft: SFTConfig) -> None:
+        self.run_dir, self.sft, self.last = run_dir, sft, _clock()
+
+    def after(self, done: int, policy: Policy, optimizer: torch.optim.Optimizer, window: list, stopping: bool) -> Path | None:
+        sft, now = self.sft, _clock()
+        due = done % sft.checkpoint_every == 0 or done == sft.steps or stopping
+        timed = not due and sft.checkpoint_minutes is not None and now - self.last >= 60 * sft.checkpoint_minutes
+        if not (due or timed):
+            return None
+        checkpoint = save_checkpoint(self.run_dir, done, policy, {"kind": "sft", "window": window, "timed": timed}, optimizer)
+        self.last = now
+        for older in list_checkpoints(self.run_dir):
+            if older != checkpoint and _timed(older):
+                shutil.rmtree(older)
+        return checkpoint
+
+
+def _timed(checkpoint: Path) -> bool:
+    try:
+        return read_state(checkpoint).get("timed", False) is True
+    except CheckpointError:                 # a damaged one is left where it is, for a person to look at
+        return False
 
 
 def sft_step(config: RunConfig, policy: Policy, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard,
