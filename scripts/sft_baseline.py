@@ -17,6 +17,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from taut.config import LoraConfig as LoraSettings
 from taut.config import load_config
 from taut.models.loading import load_tokenizer, resolve_model_path
 from taut.models.policy import Policy
@@ -26,7 +27,8 @@ from taut.sft import encode_batch, step_batch
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--lora", action="store_true", help="peft LoRA with taut's defaults (r 16, alpha 32, q/k/v/o)")
+    parser.add_argument("--lora", action="store_true", help="peft LoRA: model.lora from the overrides, else taut's defaults "
+                                                            "(r 16, alpha 32, q/k/v/o)")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("overrides", nargs="*", help="taut --set overrides, after --")
     args = parser.parse_args()
@@ -44,7 +46,8 @@ def main() -> None:
     model.gradient_checkpointing_enable()
     if args.lora:
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        lora = config.model.lora or LoraSettings()           # taut's, as given with --set model.lora=..., else its defaults
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=lora.target_modules))
         model.enable_input_require_grads()
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)

@@ -184,7 +184,7 @@ def train_sft(config: RunConfig, run_dir: Path, resume: bool = False, quiet: boo
         return _train_sft(config, run_dir, resume, quiet, stop, heartbeat)
 
 
-def _start_or_resume(config: RunConfig, run_dir: Path, resume: bool) -> tuple[Policy, torch.optim.Optimizer, int, tuple[float, int]]:
+def start_or_resume(config: RunConfig, run_dir: Path, resume: bool) -> tuple[Policy, torch.optim.Optimizer, int, tuple[float, int]]:
     """The policy in training mode and its optimizer, fresh or from the run's latest intact checkpoint;
     the step to start at; the loss and tokens since the last metrics line (a checkpoint can fall between two)."""
     sft = config.sft
@@ -212,7 +212,7 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
                heartbeat: Heartbeat) -> Path:
     (run_dir / "config.yaml").write_text(to_yaml(config))
     sft = config.sft
-    policy, optimizer, start, (window_loss, window_tokens) = _start_or_resume(config, run_dir, resume)
+    policy, optimizer, start, (window_loss, window_tokens) = start_or_resume(config, run_dir, resume)
     model = policy.model
     trackers = open_trackers(config, run_dir, resume_step=start if start else None)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
