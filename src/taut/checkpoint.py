@@ -265,6 +265,23 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir() and is_checkpoint_name(p.name)), key=checkpoint_step)
 
 
+def is_timed(checkpoint: Path) -> bool:
+    """A checkpoint written because time had passed (`sft.checkpoint_minutes`, `rl.checkpoint_minutes`),
+    not because of its step: it is there to resume from until the next checkpoint is written. A
+    damaged one counts as not timed, so that it stays for a person to look at."""
+    try:
+        return read_state(checkpoint).get("timed", False) is True
+    except CheckpointError:
+        return False
+
+
+def drop_older_timed(run_dir: Path, newest: Path) -> None:
+    """Remove the run's timed checkpoints other than `newest`, the one just written."""
+    for path in list_checkpoints(run_dir):
+        if path != newest and is_timed(path):
+            shutil.rmtree(path)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None

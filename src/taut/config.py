@@ -277,6 +277,10 @@ class RLConfig(Strict):
                             "correction does (records the log-probs, as rollout_logprobs)")
     rollout_is_cap: float = Field(2.0, gt=1, description="rollout_is: the importance weight's upper bound")
     checkpoint_every: int = Field(50, gt=0)
+    checkpoint_minutes: float | None = Field(
+        10.0, gt=0, description="also write a checkpoint once this many minutes have passed since the last one (not at a "
+                                "phase's last step), so a killed run loses at most that much; only the newest of these timed "
+                                "checkpoints is kept; null: by steps only")
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf "
                                                            "(each skipped step is undone and counted)")

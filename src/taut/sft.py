@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -20,11 +19,10 @@ import torch.utils.checkpoint
 from taut.checkpoint import (
     CHECKPOINTS,
     SELECTION,
-    CheckpointError,
     checkpoint_step,
+    drop_older_timed,
     latest_checkpoint,
     latest_intact_checkpoint,
-    list_checkpoints,
     load_optimizer,
     read_state,
     remove_partial,
@@ -273,17 +271,8 @@ class Checkpoints:
             return None
         checkpoint = save_checkpoint(self.run_dir, done, policy, {"kind": "sft", "window": window, "timed": timed}, optimizer)
         self.last = now
-        for older in list_checkpoints(self.run_dir):
-            if older != checkpoint and _timed(older):
-                shutil.rmtree(older)
+        drop_older_timed(self.run_dir, checkpoint)
         return checkpoint
-
-
-def _timed(checkpoint: Path) -> bool:
-    try:
-        return read_state(checkpoint).get("timed", False) is True
-    except CheckpointError:                 # a damaged one is left where it is, for a person to look at
-        return False
 
 
 def sft_step(config: RunConfig, policy: Policy, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard,

@@ -32,6 +32,8 @@ from taut.checkpoint import (
     CHECKPOINTS,
     SELECTION,
     chosen_checkpoint,
+    drop_older_timed,
+    is_timed,
     latest_checkpoint,
     latest_intact_checkpoint,
     list_checkpoints,
@@ -63,6 +65,8 @@ from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import load_task
 from taut.tasks.base import PromptLimit
 from taut.trackers import open_trackers
+
+_clock = time.monotonic           # seconds; tests advance it
 
 # ---------------------------------------------------------------------------------------------
 # the run's state
@@ -117,10 +121,11 @@ class Run:
         for pid, rate in group_pass:
             self.tracker.record(pid, self.step, rate)
 
-    def commit(self, run_dir: Path, policy: Policy, optimizer, log: MetricsLog) -> Path:
-        """Save the weights, optimizer and this state as the checkpoint of the current step."""
+    def commit(self, run_dir: Path, policy: Policy, optimizer, log: MetricsLog, timed: bool = False) -> Path:
+        """Save the weights, optimizer and this state as the checkpoint of the current step (`timed`:
+        written because time had passed; the next checkpoint replaces it)."""
         self.metrics_lines = log.lines
-        return save_checkpoint(run_dir, self.step, policy, {"kind": "rl", "run": self.state_dict()}, optimizer,
+        return save_checkpoint(run_dir, self.step, policy, {"kind": "rl", "run": self.state_dict(), "timed": timed}, optimizer,
                                {"sampling": self.generator})
 
     def reopen_finished_phase(self, plan: list[PhaseConfig]) -> bool:
@@ -200,6 +205,7 @@ class Trainer:
         self.validator, self.guard, self.log, self.trackers = validator, guard, log, trackers
         self.heartbeat, self.stop, self.quiet = heartbeat, stop, quiet
         self.last_progress: dict[str, Any] = {}          # the progress bar's fields of the latest step
+        self.last_checkpoint = _clock()                   # when the latest checkpoint was written (or the run opened)
 
     @classmethod
     def open(cls, config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
@@ -240,19 +246,27 @@ class Trainer:
         heartbeat.beat(run.step)
         return cls(config, run_dir, policy, optimizer, run, engine, validator, guard, log, trackers, heartbeat, stop, quiet)
 
-    def commit(self, failpoint: str | None = None) -> Path:
+    def commit(self, failpoint: str | None = None, timed: bool = False) -> Path:
         """The commit point: after the metrics lines, the checkpoint that covers them."""
         if failpoint:
             failpoints.reach(failpoint, self.run.step)
-        return self.run.commit(self.run_dir, self.policy, self.optimizer, self.log)
+        self.last_checkpoint = _clock()
+        checkpoint = self.run.commit(self.run_dir, self.policy, self.optimizer, self.log, timed)
+        drop_older_timed(self.run_dir, checkpoint)
+        return checkpoint
 
-    def commit_step(self, record: dict[str, Any], periodic: bool) -> None:
-        """Write the step's metrics line; checkpoint when the step is periodic, validated or stopped."""
+    def commit_step(self, record: dict[str, Any], periodic: bool, settled: bool = True) -> None:
+        """Write the step's metrics line; checkpoint when the step is periodic, validated or stopped,
+        or, when it is `settled` (the phase goes on from it unchanged), once `rl.checkpoint_minutes`
+        have passed since the last checkpoint."""
         self.log.write(record)
         failpoints.reach("step-logged", self.run.step)
         self.heartbeat.beat(self.run.step)
-        if periodic or self.stop:
-            checkpoint = self.commit()
+        minutes = self.cfg.checkpoint_minutes
+        timed = settled and not periodic and not self.stop and minutes is not None \
+            and _clock() - self.last_checkpoint >= 60 * minutes
+        if periodic or timed or self.stop:
+            checkpoint = self.commit(timed=timed)
             prune(self.run_dir, self.cfg.keep_checkpoints, self.run)
             if self.stop:
                 raise Preempted(self.stop.signal_name, self.run.step, checkpoint, resume_command("train", self.run_dir))
@@ -335,7 +349,8 @@ def train_step(t: Trainer, phase: PhaseConfig, objective: Objective, reference: 
     record = step_record(run, phase, batch, losses, validation, cap=cap, lr=lr)                       # commit
     record |= {"step_time": time.perf_counter() - tick, "update_time": t_update}
     t.last_progress = {"reward": record["reward"], "acc": record["accuracy"], "len": record["length_mean"], "cap": cap}
-    t.commit_step(record, periodic=bool(validation) or (run.step % cfg.checkpoint_every == 0 and run.step < end and trip is None))
+    settled = run.step < end and trip is None           # the phase's end (or a rollback) commits this step itself
+    t.commit_step(record, periodic=bool(validation) or (run.step % cfg.checkpoint_every == 0 and settled), settled=settled)
     return trip
 
 
@@ -447,6 +462,6 @@ def prune(run_dir: Path, keep: int | None, run: Run) -> None:
         return
     protected = {c["checkpoint"] for c in run.candidates} | {step_name(0), run.reference}
     protected |= {step_name(p["end_step"]) for p in run.phases}
-    periodic = [p for p in list_checkpoints(run_dir) if p.name not in protected]
+    periodic = [p for p in list_checkpoints(run_dir) if p.name not in protected and not is_timed(p)]
     for path in periodic[:-keep]:
         shutil.rmtree(path)
