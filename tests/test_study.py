@@ -353,3 +353,24 @@ def test_each_gate_of_a_study_is_compared_with_each_penalty(tmp_path):
     assert pairs == {("gate", "pen"): pytest.approx(0.2), ("gate-6of8", "pen"): pytest.approx(0.15)}
     with pytest.raises(ConfigError, match="gates: no method 'gate-5of8'"):
         _study(tmp_path, gates=["gate", "gate-5of8"], methods=methods)
+
+
+def test_with_several_trained_families_the_section_shows_each_family_per_level(tmp_path):
+    study = _study(tmp_path, trained=["columns", "stories"], seeds=[0])
+    results = Path(study.results)
+    for method, (cols, stories) in {"start": (0.5, 0.5), "gate": (0.7, 0.3), "pen": (0.3, 0.7)}.items():
+        _write_cell(results, method, 0, _report({("columns", 2): (cols, 200.0, 100), ("stories", 2): (stories, 50.0, 100)}),
+                    _outcomes([True, False] * 50, 100))
+    md = tmp_path / "BENCHMARKS.md"
+    tables = st.report(study, results, md, "taut bench --suite t", tmp_path / "figures")
+    rows = tables["modes"]["greedy"]["rows"]
+    assert rows["gate"]["trained"][2]["accuracy"] == rows["pen"]["trained"][2]["accuracy"] == pytest.approx(0.5)  # pooled: alike
+    text = md.read_text()
+    assert "| method | columns L2 | stories L2 |" in text
+    assert "| gate | 0.70 ± 0.05 / 200 | 0.30 ± 0.05 / 50 |" in text and "| pen | 0.30 ± 0.05 / 200 | 0.70 ± 0.05 / 50 |" in text
+    (tmp_path / "one").mkdir()
+    single = _study(tmp_path / "one", seeds=[0])
+    for method in ("start", "gate", "pen"):
+        _write_cell(Path(single.results), method, 0, _report({("columns", 2): (0.5, 200.0, 100)}), _outcomes([True], 10))
+    st.report(single, Path(single.results), tmp_path / "one.md", "taut bench --suite t", tmp_path / "figures")
+    assert "Each trained family on its own" not in (tmp_path / "one.md").read_text()

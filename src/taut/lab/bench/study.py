@@ -556,6 +556,7 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
             for m, r in rows.items():
                 lines.append(f"| {m} | " + " | ".join(f"{_f(r['by_seed'][s]['accuracy'])} / {_f(r['by_seed'][s]['tokens'], '.0f')}"
                                                     if s in r["by_seed"] else "–" for s in seeds) + " |")
+        lines += _family_lines(study, rows, levels)
         if study.held_out:
             lines += ["", f"Evaluation-only ({', '.join(study.held_out)}), per level: accuracy ± SE / tokens; and direct "
                       "answers (no thinking) on the trained families, per level", "",
@@ -589,6 +590,20 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
                   f"![{study.study} Pareto]({figure})", ""]
     lines += example_responses(study, cells)
     return "\n".join(lines)
+
+
+def _family_lines(study: Study, rows: dict[str, Any], levels: list[int]) -> list[str]:
+    """Each trained family on its own, per level (when there are several): a pooled level can hide
+    a family where one method keeps accuracy and another loses it."""
+    if len(study.trained) < 2:
+        return []
+    heads = [(f, lv) for f in study.trained for lv in levels]
+    lines = ["", "Each trained family on its own, per level: accuracy ± SE / mean tokens", "",
+             "| method | " + " | ".join(f"{f} L{lv}" for f, lv in heads) + " |", "|---|" + "---|" * len(heads)]
+    for m, r in rows.items():
+        cells = (r["by_family"][f][lv] for f, lv in heads)
+        lines.append(f"| {m} | " + " | ".join(f"{_f(c['accuracy'])} ± {_f(c['se'])} / {_f(c['tokens'], '.0f')}" for c in cells) + " |")
+    return lines
 
 
 def pareto_figure(study: Study, tables: dict[str, Any], path: Path) -> Path | None:
