@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start study-real
+.PHONY: demo test lint test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start study-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/taut demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts examples
+
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -m "not slow" -q; rc=$$?; [ $$rc -eq 5 ] && rc=0; [ $$rc -eq 0 ] || exit $$rc
 	$(MAKE) test-verl
 

@@ -77,8 +77,8 @@ def main() -> None:
     for name, make in FAMILIES.items():
         for size in args.sizes:
             response = make(size)
-            t_extract, _ = slowest(lambda: extract_answer(response), args.repeats)
-            t_verify, verdict = slowest(lambda: verify(response, "42", timeout=args.timeout), args.repeats, warm,
+            t_extract, _ = slowest(lambda response=response: extract_answer(response), args.repeats)
+            t_verify, verdict = slowest(lambda response=response: verify(response, "42", timeout=args.timeout), args.repeats, warm,
                                         final=lambda v: error_kind(v.error) == TIMEOUT)     # the limit, again
             outcome = error_kind(verdict.error) or ("correct" if verdict.correct else "wrong")
             print(f"{name:<36}{len(response):>8}{t_extract:>11.4f}{t_verify:>10.3f}  {outcome}", flush=True)

@@ -12,8 +12,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 from taut.config import load_config
 from taut.models.loading import load_policy
 from taut.models.policy import enable_activation_checkpointing, unwrap

@@ -4,10 +4,11 @@ drawn and the table written; a second call finds everything done and trains noth
 
 import json
 
-import needs
 import pytest
 
 from taut.checkpoint import chosen_checkpoint
+
+import needs
 
 pytestmark = pytest.mark.slow
 needs.smollm2("reasoning_gym")

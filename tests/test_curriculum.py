@@ -1,21 +1,22 @@
 """The curriculum: a forced collapse stops the phase and rolls back; state survives --resume."""
 
 import json
-from pathlib import Path
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import toytask  # noqa: F401  (registers the toy:… task)
 from taut.config import RunConfig, SamplerConfig, SelectionConfig, load_config
 from taut.curriculum import Candidate, CollapseDetectors, MasteryTracker, draw_mixture, mixture_share, select
 from taut.rl.trainer import train_rl
+
+import toytask  # noqa: F401  (registers the toy:… task)
 
 
 def _base(**rl):

@@ -428,7 +428,7 @@ def test_over_long_prompts_are_skipped_with_a_count_and_the_first_location(tmp_p
     assert [r.prompt for r in task.rows] == ["short one", "short two", "short three"]
     assert [r.index for r in task.rows] == [1, 3, 5]                         # ids do not shift
     assert task.skipped_long == [f"{path}:2", f"{path}:4"]
-    assert f"skipped 2 of 5 rows whose prompt is longer than 100 tokens" in caplog.text and f"the first: {path}:2" in caplog.text
+    assert "skipped 2 of 5 rows whose prompt is longer than 100 tokens" in caplog.text and f"the first: {path}:2" in caplog.text
     assert len(FileTask(FileTaskConfig(path=str(path), verifier="exact")).rows) == 5   # no limit: all rows
 
     chars = PromptLimit(2)                                                   # no tokenizer: a character bound
@@ -602,9 +602,9 @@ def test_zero_rl_steps_train_zero_steps(tmp_path):
 
 
 def _toy_run(**rl):
-    import toytask  # noqa: F401  (registers the toy:… task)
-
     from taut.config import RunConfig
+
+    import toytask  # noqa: F401  (registers the toy:… task)
 
     return RunConfig.model_validate({
         "seed": 0, "model": {"preset": "tiny", "threads": 1},

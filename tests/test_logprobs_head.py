@@ -5,11 +5,12 @@ import random
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
-from wide import assert_same_gradients, weighted_gradients
-from wide import wide_llama as _wide_llama
 
 from taut.models.testbed import build_testbed_model
 from taut.rl.logprobs import SequenceBatch, decoder_and_head, response_logprobs
+
+from wide import assert_same_gradients, weighted_gradients
+from wide import wide_llama as _wide_llama
 
 
 def _sequences(vocab, seed=0, n=6, empty=True):

@@ -86,11 +86,11 @@ def test_sigusr1_stops_sft_with_the_command_that_continues_it(tmp_path):
 
 
 def test_sft_stopped_between_two_metrics_lines_resumes_to_the_same_weights_and_lines(tmp_path, monkeypatch):
+    import yaml
+
     import taut.sft as sft
     from taut.config import RunConfig
     from taut.preempt import Preempted, StopRequest
-
-    import yaml
 
     config = RunConfig.model_validate(yaml.safe_load(SFT))
     clean = sft.train_sft(config, tmp_path / "clean", quiet=True)
@@ -142,10 +142,10 @@ def test_handlers_are_restored_after_the_block():
 
 
 def test_a_killed_sft_loses_at_most_checkpoint_minutes_and_a_finished_run_keeps_only_its_step_checkpoints(tmp_path, monkeypatch):
+    import yaml
+
     import taut.sft as sft
     from taut.config import RunConfig
-
-    import yaml
 
     config = RunConfig.model_validate(yaml.safe_load(SFT))
     config.sft.steps, config.sft.checkpoint_every = 10, 4

@@ -12,11 +12,12 @@ import math
 import shutil
 from pathlib import Path
 
-import needs
 import pytest
 import torch
 
 from taut.config import ModelConfig, RunConfig
+
+import needs
 
 needs.smollm2()
 

@@ -7,10 +7,8 @@ import torch
 
 from taut.config import RunConfig
 from taut.rl.trainer import train_rl
+
 import toytask  # noqa: F401  (registers the toy:… task)
-
-
-
 
 
 def test_grpo_raises_reward_and_changes_parameters(tmp_path):

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from taut.rl.logprobs import SequenceBatch, pack_responses, response_logprobs, shared_micro_batches, shares_prompts
-from wide import assert_same_gradients, weighted_gradients, wide_llama as _wide_llama
+
+from wide import assert_same_gradients, weighted_gradients
+from wide import wide_llama as _wide_llama
 
 
 def _groups(seed=0, prompts=3, group=4):

@@ -282,7 +282,7 @@ def test_shorter_better_matches_a_loop():
     lengths = torch.randint(1, 129, (6, 5))
     rewards = shape(ShorterBetterConfig(alpha=1.0, beta=0.02), groups(correct.int().tolist(), lengths.tolist(), cap=128)).rewards
     for p in range(6):
-        ok = [l for l, c in zip(lengths[p].tolist(), correct[p].tolist()) if c]
+        ok = [n for n, c in zip(lengths[p].tolist(), correct[p].tolist()) if c]
         sol = min(ok) if ok else sum(lengths[p].tolist()) / 5
         for i in range(5):
             expected = 1.0 * float(correct[p, i]) - 0.02 * abs(lengths[p, i].item() - sol)
@@ -381,7 +381,7 @@ STEP3 = ([[1, 1, 1, 1]], [[16, 17, 10, 30]])
 
 
 def run_laser_d(strategy, batches):
-    return [strategy.shape(groups(c, l, cap=64, step=s)) for s, (c, l) in batches]
+    return [strategy.shape(groups(c, n, cap=64, step=s)) for s, (c, n) in batches]
 
 
 def test_laser_d_refreshes_targets_every_monitor_every_steps():
@@ -419,11 +419,11 @@ def _released_laser_d(correct, lengths, length_thresholds, n_rollout=8, expected
     `_count_accuracy_bands_metrics` + `_calculate_length_coverage_statistics` (ray_trainer.py),
     `_choose_target_length` (floor) and `compute_length_reward_larse_d` (length_penalty.py)."""
     lengths_by_band = {"low": [], "medium": [], "high": []}
-    for c, l in zip(correct, lengths):
+    for c, group in zip(correct, lengths):
         accuracy = sum(c) / len(c)
         band = "low" if accuracy <= 1 / 3 else "medium" if accuracy <= 2 / 3 else "high"
-        lengths_by_band[band].extend(l)
-    max_response_length = max(max(l) for l in lengths)
+        lengths_by_band[band].extend(group)
+    max_response_length = max(max(group) for group in lengths)
     target_lengths = {}
     for level in ("low", "medium", "high"):
         target_lengths[level] = max_response_length
@@ -434,10 +434,10 @@ def _released_laser_d(correct, lengths, length_thresholds, n_rollout=8, expected
             if int(ratio * lower_n) >= expected_n_correct and length < target_lengths[level]:
                 target_lengths[level] = length
     scores = []
-    for c, l in zip(correct, lengths):
+    for c, group in zip(correct, lengths):
         acc = sum(c) / len(c)
         target = target_lengths["high"] if acc >= 2 / 3 else target_lengths["medium"] if acc >= 1 / 3 else target_lengths["low"]
-        scores.append([(1.0 + (scalar if n <= target else 0.0)) if ok else -0.5 for ok, n in zip(c, l)])
+        scores.append([(1.0 + (scalar if n <= target else 0.0)) if ok else -0.5 for ok, n in zip(c, group)])
     return scores
 
 

@@ -198,7 +198,7 @@ def test_the_transfer_view_compares_each_suite(tmp_path):
     result = CliRunner().invoke(app, ["compare", str(run), "--out", str(tmp_path / "cli-report")], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "transfer: run (step-000000 → step-000010)" in result.output
-    line = next(l for l in result.output.splitlines() if l.strip().startswith("math"))
+    line = next(x for x in result.output.splitlines() if x.strip().startswith("math"))
     assert "100.0 → 50.0" in line and "-50.0%" in line
 
 

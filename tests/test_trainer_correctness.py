@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import toytask  # noqa: F401  (registers the toy:… task)
 from taut.config import ConfigError, RunConfig, load_config
 from taut.length import GroupBatch, build_strategy
 from taut.length.dapo import DapoOverlongConfig
@@ -15,6 +14,7 @@ from taut.rl.logprobs import SequenceBatch, response_logprobs
 from taut.rollout import SamplingParams
 from taut.rollout.hf import sample_next
 
+import toytask  # noqa: F401  (registers the toy:… task)
 
 # ---- 1. a group whose rewards are all equal gets exactly zero advantage ---------------------
 

@@ -64,9 +64,9 @@ def test_micro_batching_and_row_skipping_keep_the_gradient(tiny_policy):
 def test_shared_prompts_keep_the_gradient(tiny_policy):
     """A model whose vocabulary is wider than its hidden state (as every real model's is) takes the
     shared-prompt forward (rl.share_prompts): each prompt once per micro-batch, same gradient."""
-    from wide import wide_llama
-
     from taut.rl.logprobs import shares_prompts
+
+    from wide import wide_llama
 
     wide = copy.copy(tiny_policy)
     wide.model = wide_llama(pad_id=tiny_policy.pad_id).train()

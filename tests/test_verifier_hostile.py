@@ -235,7 +235,8 @@ def test_a_hedged_answer_is_unverifiable_against_a_single_reference(warm, values
 # The other side: what a single, plain answer grades as math-verify (after the exact match) grades it.
 
 def graded_by_math_verify(answer: str, reference: str) -> bool:
-    from math_verify import parse, verify as mv_verify
+    from math_verify import parse
+    from math_verify import verify as mv_verify
 
     from taut.tasks.math import normalize
 

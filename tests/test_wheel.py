@@ -25,7 +25,7 @@ def run(*args, cwd, env=CLEAN):
 
 
 def test_taut_is_a_regular_package():
-    import taut                          # a namespace package (no __init__.py) has no __file__
+    import taut  # a namespace package (no __init__.py) has no __file__
 
     assert taut.__file__ and Path(taut.__file__).name == "__init__.py" and taut.__doc__
 

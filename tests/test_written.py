@@ -12,8 +12,19 @@ from hypothesis import strategies as st
 from taut.config import RunConfig
 from taut.tasks import load_task
 from taut.tasks.base import OracleTask, TraceTask
-from taut.tasks.written import (COLUMNS, FAMILIES, Redundancy, Written, WrittenTask, analyze, draw, grade,
-                                resolve_families, trace, words)
+from taut.tasks.written import (
+    COLUMNS,
+    FAMILIES,
+    Redundancy,
+    Written,
+    WrittenTask,
+    analyze,
+    draw,
+    grade,
+    resolve_families,
+    trace,
+    words,
+)
 
 LEVELS = (1, 2, 3, 4)
 

@@ -652,12 +652,12 @@ def speed_table(results: dict, vs: str | None):
     ratios = []
     for name, r in results.items():
         for side, runs in r["runs"].items():
-            fractions = [f"{100 * med(runs, lambda x: x['limit_fraction'][k]):.0f}%" for k in ("generation", "update")] \
+            fractions = [f"{100 * med(runs, lambda x, k=k: x['limit_fraction'][k]):.0f}%" for k in ("generation", "update")] \
                 if "limit_fraction" in runs[0] else ["", ""]
             speed.add_row(name, side, f"{median_of(runs, 'steps_per_s'):.3f}", f"{median_of(runs, 'rollout_tokens_per_s'):.0f}",
                           f"{median_of(runs, 'peak_rss_mb'):.0f}", f"{100 * med(runs, lambda x: x.get('rows_trained', 1.0)):.0f}%",
                           *fractions)
-            split.add_row(name, side, *(f"{med(runs, lambda x: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]),
+            split.add_row(name, side, *(f"{med(runs, lambda x, k=k: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]),
                           f"{median_of(runs, 'process_system_cpu_s'):.0f}")
         if "ratio" in r:
             q = r["ratio"]

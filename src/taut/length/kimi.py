@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.lazy import lazy_module
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness, penalty_metrics
 from taut.schema import Strict
 
 torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)

@@ -98,8 +98,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
 from taut.lazy import lazy_module
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness
 from taut.schema import Strict
 
 torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from taut.length.base import GroupBatch, Shaped, Strategy, correctness
 from taut.lazy import lazy_module
+from taut.length.base import GroupBatch, Shaped, Strategy, correctness
 from taut.schema import Strict
 
 torch = lazy_module("torch")     # loaded on first use: a recipe validates without it (taut.lazy)

@@ -211,11 +211,11 @@ def level_stats(evaluation: dict, domains: set[str] | None = None) -> dict[str, 
             by_level.setdefault(level, []).append((domain, s))
     out = {}
     for level, cells in sorted(by_level.items(), key=lambda kv: int(kv[0])):
-        def weighted(key, keep=lambda d: True):
+        def weighted(key, keep=lambda d: True, cells=cells):
             pairs = [(s["n_samples"], s[key]) for d, s in cells if keep(d) and s.get(key) is not None]
             total = sum(n for n, _ in pairs)
             return sum(n * v for n, v in pairs) / total if total else None
-        thinks = weighted("thinks_rate", lambda d: _necessary(d, int(level)))
+        thinks = weighted("thinks_rate", lambda d, level=level: _necessary(d, int(level)))
         out[level] = {"accuracy": weighted("accuracy"), "tokens": weighted("tokens_mean"), "coverage": weighted("coverage"),
                       "direct_where_necessary": None if thinks is None else 1 - thinks,
                       "samples": sum(s["n_samples"] for _, s in cells)}
