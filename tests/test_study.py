@@ -84,7 +84,8 @@ def _write_cell(results: Path, method: str, seed: int, report: dict, outcomes: l
 
 
 def _outcomes(correct: list[bool], length: int) -> list[dict]:
-    return [{"problem_id": f"columns:2:{i}", "length": length, "correct": c} for i, c in enumerate(correct)]
+    return [{"problem_id": f"columns:2:{i}", "domain": "columns", "difficulty": 2, "held_out": False, "length": length,
+             "correct": c} for i, c in enumerate(correct)]
 
 
 def test_the_section_pools_seeds_compares_with_error_bars_and_lists_missing_cells(tmp_path):
@@ -374,3 +375,23 @@ def test_with_several_trained_families_the_section_shows_each_family_per_level(t
         _write_cell(Path(single.results), method, 0, _report({("columns", 2): (0.5, 200.0, 100)}), _outcomes([True], 10))
     st.report(single, Path(single.results), tmp_path / "one.md", "taut bench --suite t", tmp_path / "figures")
     assert "Each trained family on its own" not in (tmp_path / "one.md").read_text()
+
+
+def test_the_paired_comparison_decides_where_the_draws_difficulty_hides_a_difference(tmp_path):
+    """Both seeds' methods answer the same problems: the gate solves every problem the penalty solves
+    and 8 more of 100 — 8 points the suite's rule (bar 2·√(SE_a² + SE_b²) = 9.9 points over 200
+    problems) does not call, and the paired one (bar 2·SE of the per-problem difference, 3.8 points) does."""
+    study = _study(tmp_path, seeds=[0, 1])
+    results = Path(study.results)
+    for seed in (0, 1):
+        for method, solved in (("start", 50), ("gate", 58), ("pen", 50)):
+            _write_cell(results, method, seed, _report({("columns", 2): (solved / 100, 100.0, 100)}),
+                        _outcomes([i < solved for i in range(100)], 100))
+    md = tmp_path / "BENCHMARKS.md"
+    tables = st.report(study, results, md, "taut bench --suite t", tmp_path / "figures")
+    (pair,) = tables["modes"]["greedy"]["comparisons"]
+    assert pair["difference"] == pytest.approx(0.08) and not pair["decides"]
+    p = pair["paired"]
+    assert p["n"] == 200 and p["seeds"] == [0, 1] and p["difference"] == pytest.approx(0.08)
+    assert p["error_bar"] == pytest.approx(2 * math.sqrt(0.08 * 0.92 * 200 / 199 / 200)) and p["decides"] and p["outside"]
+    assert "| gate | pen | +8.0 pts | 9.9 pts | no | +8.0 ± 3.8 pts (200) | yes (apart) | 100 / 100 |" in md.read_text()

@@ -42,6 +42,7 @@ import json
 import math
 import shutil
 import socket
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -441,6 +442,33 @@ def compare(a: dict, b: dict) -> dict[str, Any] | None:
             "tokens_a": a["tokens"], "tokens_b": b["tokens"]}
 
 
+def paired(cells: dict[str, dict[int, dict]], a: str, b: str, mode: str, families: list[str], level: int) -> dict[str, Any] | None:
+    """a − b in accuracy problem by problem: within a seed every method answers the same drawn
+    problems, so the difference of the two outcomes on each problem, over the seeds both have run,
+    leaves out how hard the draw was. Error bar: two standard errors of that mean difference; it
+    decides by the same rule as `compare`. None with fewer than two shared problems."""
+    diffs: list[float] = []
+    seeds = sorted(set(cells.get(a, {})) & set(cells.get(b, {})))
+    for seed in seeds:
+        xa, xb = (_correct_by_problem(cells[m][seed]["outcomes"][mode], families, level) for m in (a, b))
+        diffs += [xa[p] - xb[p] for p in sorted(xa.keys() & xb.keys())]
+    if len(diffs) < 2:
+        return None
+    diff, bar = statistics.fmean(diffs), 2 * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return {"n": len(diffs), "seeds": seeds, "difference": diff, "error_bar": bar, "outside": abs(diff) > bar,
+            "decides": abs(diff) > bar or bar <= 0.03}
+
+
+def _correct_by_problem(path: Path, families: list[str], level: int) -> dict[str, float]:
+    """Each problem's share of correct samples in a committed outcomes file, trained families at `level`."""
+    by_problem: dict[str, list[bool]] = {}
+    with gzip.open(path, "rt") as f:
+        for row in map(json.loads, filter(str.strip, f)):
+            if row.get("domain") in families and row.get("difficulty") == level and not row.get("held_out"):
+                by_problem.setdefault(row["problem_id"], []).append(bool(row["correct"]))
+    return {p: sum(v) / len(v) for p, v in by_problem.items()}
+
+
 # ---------------------------------------------------------------------------------------------
 # the BENCHMARKS.md section
 # ---------------------------------------------------------------------------------------------
@@ -448,6 +476,10 @@ def compare(a: dict, b: dict) -> dict[str, Any] | None:
 
 def _f(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
+
+
+def _decision(c: dict[str, Any]) -> str:
+    return ("yes" + (" (apart)" if c["outside"] else " (tie)")) if c["decides"] else "no"
 
 
 def _levels(cells: dict[str, dict[int, dict]]) -> list[int]:
@@ -481,7 +513,7 @@ def study_tables(study: Study, cells: dict[str, dict[int, dict]]) -> dict[str, A
                 if p in rows:
                     c = compare(rows[gate]["trained"][hardest], rows[p]["trained"][hardest])
                     if c:
-                        pairs.append({"a": gate, "b": p, **c})
+                        pairs.append({"a": gate, "b": p, **c, "paired": paired(cells, gate, p, mode, study.trained, hardest)})
         tables["modes"][mode] = {"rows": rows, "comparisons": pairs, "targets": targets(study, rows, levels)}
     return tables
 
@@ -568,12 +600,19 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
                              " | ".join(_f(r["trained"][lv]["direct"]) for lv in levels) + " |")
         if t["comparisons"]:
             lines += ["", f"Each gate against each global penalty, level {hardest} (trained families): a − b in accuracy, "
-                      "error bar 2·√(SE_a² + SE_b²); it decides when the difference is outside the bar or the bar is ≤ 3 points.",
-                      "", "| a | b | difference | error bar | decides | tokens a / b |", "|---|---|---|---|---|---|"]
+                      "error bar 2·√(SE_a² + SE_b²) (the suite's rule); it decides when the difference is outside the bar or "
+                      "the bar is ≤ 3 points. Paired: the same difference problem by problem on the seeds both have run (a "
+                      "seed's methods answer the same problems), its bar two standard errors of the per-problem difference, "
+                      "the same rule — it leaves out how hard each seed's draw was.",
+                      "", "| a | b | difference | error bar | decides | paired: difference ± bar (problems) | paired decides "
+                      "| tokens a / b |", "|---|---|---|---|---|---|---|---|"]
             for c in t["comparisons"]:
+                p = c.get("paired")
                 lines.append(f"| {c['a']} | {c['b']} | {100 * c['difference']:+.1f} pts | {100 * c['error_bar']:.1f} pts | "
-                             f"{'yes' + (' (apart)' if c['outside'] else ' (tie)') if c['decides'] else 'no'} | "
-                             f"{_f(c['tokens_a'], '.0f')} / {_f(c['tokens_b'], '.0f')} |")
+                             f"{_decision(c)} | "
+                             + (f"{100 * p['difference']:+.1f} ± {100 * p['error_bar']:.1f} pts ({p['n']}) | {_decision(p)}"
+                                if p else "– | –") +
+                             f" | {_f(c['tokens_a'], '.0f')} / {_f(c['tokens_b'], '.0f')} |")
         if t["targets"]:
             lines += ["", "Against the start: shorter by (all trained levels), accuracy at least the start's on every trained "
                       "level (point estimates), and on the evaluation-only family: shorter by, and accuracy pooled over its "
