@@ -395,3 +395,22 @@ def test_the_paired_comparison_decides_where_the_draws_difficulty_hides_a_differ
     assert p["n"] == 200 and p["seeds"] == [0, 1] and p["difference"] == pytest.approx(0.08)
     assert p["error_bar"] == pytest.approx(2 * math.sqrt(0.08 * 0.92 * 200 / 199 / 200)) and p["decides"] and p["outside"]
     assert "| gate | pen | +8.0 pts | 9.9 pts | no | +8.0 ± 3.8 pts (200) | yes (apart) | 100 / 100 |" in md.read_text()
+
+
+def test_against_the_start_pairs_each_seed_with_the_start_on_the_problems_both_answered(tmp_path):
+    """The start at seed 0 only: the method's seed 0 meets it on all 100 problems, its seed 1 on the
+    20 problems its own draw shares with the start's."""
+    study = _study(tmp_path, seeds=[0, 1], start_seeds=[0])
+    results = Path(study.results)
+    _write_cell(results, "start", 0, _report({("columns", 2): (0.5, 300.0, 100)}), _outcomes([i < 50 for i in range(100)], 300))
+    _write_cell(results, "gate", 0, _report({("columns", 2): (0.6, 150.0, 100)}), _outcomes([i < 60 for i in range(100)], 150))
+    shifted = [{**row, "problem_id": f"columns:2:{i + 80}"} for i, row in enumerate(_outcomes([False] * 100, 100))]
+    _write_cell(results, "gate", 1, _report({("columns", 2): (0.0, 100.0, 100)}), shifted)
+    md = tmp_path / "BENCHMARKS.md"
+    tables = st.report(study, results, md, "taut bench --suite t", tmp_path / "figures")
+    paired = tables["modes"]["greedy"]["targets"]["gate"]["paired"]
+    assert paired["n"] == 120 and paired["accuracy_difference"] == {2: pytest.approx(10 / 120)} and paired["accuracy_kept"]
+    assert paired["shorter"] == pytest.approx(1 - (100 * 150 + 20 * 100) / (120 * 300))
+    # pooled, the same method is 0.30 against the start's 0.50 (its seed 1 drew other, here harder, problems)
+    assert tables["modes"]["greedy"]["targets"]["gate"]["accuracy_kept"] is False
+    assert "| 52.8% | +8.3 pts | yes (120) |" in md.read_text()

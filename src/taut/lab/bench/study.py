@@ -450,8 +450,8 @@ def paired(cells: dict[str, dict[int, dict]], a: str, b: str, mode: str, familie
     diffs: list[float] = []
     seeds = sorted(set(cells.get(a, {})) & set(cells.get(b, {})))
     for seed in seeds:
-        xa, xb = (_correct_by_problem(cells[m][seed]["outcomes"][mode], families, level) for m in (a, b))
-        diffs += [xa[p] - xb[p] for p in sorted(xa.keys() & xb.keys())]
+        xa, xb = (_by_problem(cells[m][seed]["outcomes"][mode], families, level) for m in (a, b))
+        diffs += [xa[p][0] - xb[p][0] for p in sorted(xa.keys() & xb.keys())]
     if len(diffs) < 2:
         return None
     diff, bar = statistics.fmean(diffs), 2 * statistics.stdev(diffs) / math.sqrt(len(diffs))
@@ -459,14 +459,43 @@ def paired(cells: dict[str, dict[int, dict]], a: str, b: str, mode: str, familie
             "decides": abs(diff) > bar or bar <= 0.03}
 
 
-def _correct_by_problem(path: Path, families: list[str], level: int) -> dict[str, float]:
-    """Each problem's share of correct samples in a committed outcomes file, trained families at `level`."""
-    by_problem: dict[str, list[bool]] = {}
+def against_start(cells: dict[str, dict[int, dict]], method: str, mode: str, families: list[str],
+                  levels: list[int] | list[None]) -> dict[str, Any] | None:
+    """`method` against the start on the problems both answered: each of the method's seeds meets the
+    start's cell of the same seed (its draw holds the seed's problems), or, where the start lacks that
+    seed, whatever problems the start's first seed shares with it. Per level the mean accuracy
+    difference (`levels` [None]: all levels pooled); over all levels the share of tokens saved. None
+    without a shared problem."""
+    start = cells.get("start", {})
+    if not start or method not in cells:
+        return None
+    by_level: dict[int | None, list[float]] = {lv: [] for lv in levels}
+    tokens = [0.0, 0.0]                                  # the method's, the start's, over the shared problems
+    for seed, cell in sorted(cells[method].items()):
+        reference = start.get(seed, start[min(start)])
+        for lv in levels:
+            xm, xs = (_by_problem(c["outcomes"][mode], families, lv, held_out=None) for c in (cell, reference))
+            for p in sorted(xm.keys() & xs.keys()):
+                by_level[lv].append(xm[p][0] - xs[p][0])
+                tokens[0], tokens[1] = tokens[0] + xm[p][1], tokens[1] + xs[p][1]
+    if not any(by_level.values()):
+        return None
+    differences = {lv: statistics.fmean(d) if d else None for lv, d in by_level.items()}
+    return {"n": sum(map(len, by_level.values())), "accuracy_difference": differences,
+            "accuracy_kept": all(d is not None and d >= 0 for d in differences.values()),
+            "shorter": 1 - tokens[0] / tokens[1] if tokens[1] else None}
+
+
+def _by_problem(path: Path, families: list[str], level: int | None, held_out: bool | None = False) -> dict[str, tuple[float, float]]:
+    """Each problem's share of correct samples and mean length in a committed outcomes file, `families`
+    at `level` (every level: None); trained problems only unless `held_out` is None."""
+    by_problem: dict[str, list[tuple[bool, int]]] = {}
     with gzip.open(path, "rt") as f:
         for row in map(json.loads, filter(str.strip, f)):
-            if row.get("domain") in families and row.get("difficulty") == level and not row.get("held_out"):
-                by_problem.setdefault(row["problem_id"], []).append(bool(row["correct"]))
-    return {p: sum(v) / len(v) for p, v in by_problem.items()}
+            if (row.get("domain") in families and (level is None or row.get("difficulty") == level)
+                    and (held_out is None or bool(row.get("held_out")) == held_out)):
+                by_problem.setdefault(row["problem_id"], []).append((bool(row["correct"]), row["length"]))
+    return {p: (sum(c for c, _ in v) / len(v), sum(n for _, n in v) / len(v)) for p, v in by_problem.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,6 +505,18 @@ def _correct_by_problem(path: Path, families: list[str], level: int) -> dict[str
 
 def _f(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
+
+
+def _pct(share: float | None) -> str:
+    return f"{_f(None if share is None else 100 * share, '.1f')}%"
+
+
+def _paired_goal(trained: dict[str, Any] | None, held_out: dict[str, Any] | None) -> str:
+    if trained is None:
+        return "– | – | – | –"
+    per_level = " / ".join("–" if d is None else f"{100 * d:+.1f}" for d in trained["accuracy_difference"].values())
+    held = (f"{_pct(held_out['shorter'])} / {'yes' if held_out['accuracy_kept'] else 'no'}") if held_out else "–"
+    return f"{_pct(trained['shorter'])} | {per_level} pts | {'yes' if trained['accuracy_kept'] else 'no'} ({trained['n']}) | {held}"
 
 
 def _decision(c: dict[str, Any]) -> str:
@@ -514,7 +555,11 @@ def study_tables(study: Study, cells: dict[str, dict[int, dict]]) -> dict[str, A
                     c = compare(rows[gate]["trained"][hardest], rows[p]["trained"][hardest])
                     if c:
                         pairs.append({"a": gate, "b": p, **c, "paired": paired(cells, gate, p, mode, study.trained, hardest)})
-        tables["modes"][mode] = {"rows": rows, "comparisons": pairs, "targets": targets(study, rows, levels)}
+        goals = targets(study, rows, levels)
+        for m, goal in goals.items():
+            goal["paired"] = against_start(cells, m, mode, study.trained, levels)
+            goal["held_out_paired"] = against_start(cells, m, mode, study.held_out, [None]) if study.held_out else None
+        tables["modes"][mode] = {"rows": rows, "comparisons": pairs, "targets": goals}
     return tables
 
 
@@ -616,13 +661,16 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
         if t["targets"]:
             lines += ["", "Against the start: shorter by (all trained levels), accuracy at least the start's on every trained "
                       "level (point estimates), and on the evaluation-only family: shorter by, and accuracy pooled over its "
-                      "levels at least the start's", "",
-                      "| method | shorter | accuracy kept | held-out shorter | held-out accuracy kept |", "|---|---|---|---|---|"]
+                      "levels at least the start's. Pooled: each side's own problems; paired: only the problems both "
+                      "answered (a seed the start has not been evaluated on adds only the problems its draw shares with "
+                      "the start's), with the accuracy difference per level.", "",
+                      "| method | shorter | accuracy kept | held-out shorter | held-out accuracy kept | paired: shorter | "
+                      "paired: accuracy − start per level | paired: kept (problems) | paired held-out: shorter / kept |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for m, g in t["targets"].items():
-                lines.append(f"| {m} | {_f(None if g['shorter'] is None else 100 * g['shorter'], '.1f')}% | "
-                             f"{'yes' if g['accuracy_kept'] else 'no'} | "
-                             f"{_f(None if g['held_out_shorter'] is None else 100 * g['held_out_shorter'], '.1f')}% | "
-                             f"{'yes' if g['held_out_accuracy_kept'] else 'no'} |")
+                lines.append(f"| {m} | {_pct(g['shorter'])} | {'yes' if g['accuracy_kept'] else 'no'} | "
+                             f"{_pct(g['held_out_shorter'])} | {'yes' if g['held_out_accuracy_kept'] else 'no'} | "
+                             + _paired_goal(g.get("paired"), g.get("held_out_paired")) + " |")
         lines.append("")
     if figure is not None:
         lines += ["**Accuracy against tokens per level, trained families pooled (± one standard error)**", "",
