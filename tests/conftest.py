@@ -28,3 +28,29 @@ def arith_study():
     import taut.lab.arith_study
 
     return taut.lab.arith_study
+
+
+@pytest.fixture
+def kill_with_timed_checkpoints(monkeypatch):
+    """The checkpoint clock advancing 11 minutes a reading — with `checkpoint_minutes: 10` a timed
+    checkpoint follows every step — and `kill(module, name, call, run_dir)`: `module.name` raises
+    KeyboardInterrupt at its `call`-th call, having recorded the run's checkpoints at each call.
+    Returns (the record, a function that puts `module.name` back)."""
+    import taut.checkpoint as ck
+
+    clock = iter(range(0, 10**6, 11 * 60))
+    monkeypatch.setattr(ck, "_clock", lambda: next(clock))
+
+    def kill(module, name, call, run_dir):
+        seen, inner = [], getattr(module, name)
+
+        def wrapped(*args, **kwargs):
+            seen.append([p.name for p in ck.list_checkpoints(run_dir)])
+            if len(seen) == call:
+                raise KeyboardInterrupt
+            return inner(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapped)
+        return seen, lambda: monkeypatch.setattr(module, name, inner)
+
+    return kill

@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -141,7 +142,8 @@ def test_handlers_are_restored_after_the_block():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)) == before
 
 
-def test_a_killed_sft_loses_at_most_checkpoint_minutes_and_a_finished_run_keeps_only_its_step_checkpoints(tmp_path, monkeypatch):
+def test_a_killed_sft_loses_at_most_checkpoint_minutes_and_a_finished_run_keeps_only_its_step_checkpoints(
+        tmp_path, kill_with_timed_checkpoints):
     import yaml
 
     import taut.sft as sft
@@ -151,26 +153,13 @@ def test_a_killed_sft_loses_at_most_checkpoint_minutes_and_a_finished_run_keeps_
     config.sft.steps, config.sft.checkpoint_every = 10, 4
     clean = sft.train_sft(config.model_copy(update={"sft": config.sft.model_copy(update={"checkpoint_minutes": None})}),
                           tmp_path / "clean", quiet=True)
-    clock = iter(range(0, 10**6, 11 * 60))                      # 11 minutes pass between two readings
-    monkeypatch.setattr(sft, "_clock", lambda: next(clock))
-    seen, encode = [], sft.encode_batch
-
-    def encode_and_kill(*args, **kwargs):
-        seen.append([p.name for p in list_checkpoints(timed)])
-        if len(seen) == 8:                                      # killed during step 8
-            raise KeyboardInterrupt
-        return encode(*args, **kwargs)
-
-    monkeypatch.setattr(sft, "encode_batch", encode_and_kill)
     timed = tmp_path / "timed"
-    try:
+    seen, restore = kill_with_timed_checkpoints(sft, "encode_batch", 8, timed)     # killed during step 8
+    with pytest.raises(KeyboardInterrupt):
         sft.train_sft(config, timed, quiet=True)
-        raise AssertionError("not killed")
-    except KeyboardInterrupt:
-        pass
     assert seen[5] == ["step-000004", "step-000005"]             # each step timed; the newest timed one only
     assert seen[7] == ["step-000004", "step-000007"]             # the kill loses step 8 alone
-    monkeypatch.setattr(sft, "encode_batch", encode)
+    restore()
     final = sft.train_sft(config, timed, resume=True, quiet=True)
     assert [p.name for p in list_checkpoints(timed)] == [p.name for p in list_checkpoints(tmp_path / "clean")] \
         == ["step-000004", "step-000008", "step-000010"]

@@ -153,7 +153,8 @@ def test_curriculum_killed_anywhere_resumes_to_the_uninterrupted_run(tmp_path, u
     assert not any(p.name.startswith(".tmp") for p in (killed / "checkpoints").iterdir())
 
 
-def test_a_killed_rl_run_loses_at_most_checkpoint_minutes_and_ends_with_the_checkpoints_of_a_run_without_them(tmp_path, monkeypatch):
+def test_a_killed_rl_run_loses_at_most_checkpoint_minutes_and_ends_with_the_checkpoints_of_a_run_without_them(
+        tmp_path, kill_with_timed_checkpoints):
     """rl.checkpoint_minutes: a checkpoint once that much time has passed; the next replaces it, and
     keep_checkpoints counts only the step checkpoints."""
     import taut.rl.trainer as trainer
@@ -163,23 +164,13 @@ def test_a_killed_rl_run_loses_at_most_checkpoint_minutes_and_ends_with_the_chec
     config = load_config(None, sets)
     clean = tmp_path / "clean"
     trainer.train_rl(load_config(None, sets + ["rl.checkpoint_minutes=null"]), clean, quiet=True)
-    clock = iter(range(0, 10**6, 11 * 60))                      # 11 minutes pass between two readings
-    monkeypatch.setattr(trainer, "_clock", lambda: next(clock))
-    seen, collect = [], trainer.collect
-
-    def collect_and_kill(*args, **kwargs):
-        seen.append([p.name for p in list_checkpoints(timed)])
-        if len(seen) == 7:                                      # killed during step 7
-            raise KeyboardInterrupt
-        return collect(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "collect", collect_and_kill)
     timed = tmp_path / "timed"
+    seen, restore = kill_with_timed_checkpoints(trainer, "collect", 7, timed)     # killed during step 7
     with pytest.raises(KeyboardInterrupt):
         trainer.train_rl(config, timed, quiet=True)
     assert seen[5] == ["step-000000", "step-000004", "step-000005"]    # each step timed; the newest timed one only
     assert seen[6] == ["step-000000", "step-000004", "step-000006"]    # the kill loses step 7 alone
-    monkeypatch.setattr(trainer, "collect", collect)
+    restore()
     trainer.train_rl(config, timed, resume=True, quiet=True)
     assert [p.name for p in list_checkpoints(timed)] == [p.name for p in list_checkpoints(clean)] \
         == ["step-000000", "step-000008", "step-000010"]

@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import struct
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,24 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted((p for p in root.iterdir() if p.is_dir() and is_checkpoint_name(p.name)), key=checkpoint_step)
+
+
+_clock = time.monotonic           # seconds; tests advance it
+
+
+class CheckpointTimer:
+    """When a timed checkpoint is due (`sft.checkpoint_minutes`, `rl.checkpoint_minutes`): once
+    `minutes` have passed since the last checkpoint, or since the run opened; never for None."""
+
+    def __init__(self, minutes: float | None) -> None:
+        self.minutes, self.last = minutes, _clock()
+
+    def overdue(self) -> bool:
+        return self.minutes is not None and _clock() - self.last >= 60 * self.minutes
+
+    def restart(self) -> None:
+        """A checkpoint was just written."""
+        self.last = _clock()
 
 
 def is_timed(checkpoint: Path) -> bool:

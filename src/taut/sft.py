@@ -19,6 +19,7 @@ import torch.utils.checkpoint
 from taut.checkpoint import (
     CHECKPOINTS,
     SELECTION,
+    CheckpointTimer,
     checkpoint_step,
     drop_older_timed,
     latest_checkpoint,
@@ -251,9 +252,6 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     return final
 
 
-_clock = time.monotonic           # seconds; tests advance it
-
-
 class Checkpoints:
     """When the SFT loop writes a checkpoint: every `checkpoint_every` steps, at the last step, at a
     stop, and once `checkpoint_minutes` have passed since the last one. A timed checkpoint is there
@@ -261,16 +259,16 @@ class Checkpoints:
     with or without them."""
 
     def __init__(self, run_dir: Path, sft: SFTConfig) -> None:
-        self.run_dir, self.sft, self.last = run_dir, sft, _clock()
+        self.run_dir, self.sft, self.timer = run_dir, sft, CheckpointTimer(sft.checkpoint_minutes)
 
     def after(self, done: int, policy: Policy, optimizer: torch.optim.Optimizer, window: list, stopping: bool) -> Path | None:
-        sft, now = self.sft, _clock()
+        sft = self.sft
         due = done % sft.checkpoint_every == 0 or done == sft.steps or stopping
-        timed = not due and sft.checkpoint_minutes is not None and now - self.last >= 60 * sft.checkpoint_minutes
+        timed = not due and self.timer.overdue()
         if not (due or timed):
             return None
         checkpoint = save_checkpoint(self.run_dir, done, policy, {"kind": "sft", "window": window, "timed": timed}, optimizer)
-        self.last = now
+        self.timer.restart()
         drop_older_timed(self.run_dir, checkpoint)
         return checkpoint
 

@@ -31,6 +31,7 @@ from taut import failpoints
 from taut.checkpoint import (
     CHECKPOINTS,
     SELECTION,
+    CheckpointTimer,
     chosen_checkpoint,
     drop_older_timed,
     is_timed,
@@ -65,8 +66,6 @@ from taut.runlog import MetricsLog, StepProgress, console
 from taut.tasks import load_task
 from taut.tasks.base import PromptLimit
 from taut.trackers import open_trackers
-
-_clock = time.monotonic           # seconds; tests advance it
 
 # ---------------------------------------------------------------------------------------------
 # the run's state
@@ -205,7 +204,7 @@ class Trainer:
         self.validator, self.guard, self.log, self.trackers = validator, guard, log, trackers
         self.heartbeat, self.stop, self.quiet = heartbeat, stop, quiet
         self.last_progress: dict[str, Any] = {}          # the progress bar's fields of the latest step
-        self.last_checkpoint = _clock()                   # when the latest checkpoint was written (or the run opened)
+        self.timer = CheckpointTimer(self.cfg.checkpoint_minutes)
 
     @classmethod
     def open(cls, config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop: StopRequest | None,
@@ -250,7 +249,7 @@ class Trainer:
         """The commit point: after the metrics lines, the checkpoint that covers them."""
         if failpoint:
             failpoints.reach(failpoint, self.run.step)
-        self.last_checkpoint = _clock()
+        self.timer.restart()
         checkpoint = self.run.commit(self.run_dir, self.policy, self.optimizer, self.log, timed)
         drop_older_timed(self.run_dir, checkpoint)
         return checkpoint
@@ -262,9 +261,7 @@ class Trainer:
         self.log.write(record)
         failpoints.reach("step-logged", self.run.step)
         self.heartbeat.beat(self.run.step)
-        minutes = self.cfg.checkpoint_minutes
-        timed = settled and not periodic and not self.stop and minutes is not None \
-            and _clock() - self.last_checkpoint >= 60 * minutes
+        timed = settled and not periodic and not self.stop and self.timer.overdue()
         if periodic or timed or self.stop:
             checkpoint = self.commit(timed=timed)
             prune(self.run_dir, self.cfg.keep_checkpoints, self.run)
