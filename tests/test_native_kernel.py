@@ -19,10 +19,13 @@ def _rotate(x, cos, signed_sin):
 
 
 @pytest.mark.parametrize("padded", [True, False])
-@pytest.mark.parametrize("heads,kv,t", [(9, 3, 0), (9, 3, 37), (4, 4, 5), (8, 2, 70)])
-def test_the_kernel_is_the_step_in_float64(native, heads, kv, t, padded):
+@pytest.mark.parametrize("heads,kv,t,d", [(9, 3, 0, 32), (9, 3, 37, 32), (4, 4, 5, 32), (8, 2, 70, 32),
+                                         (9, 3, 47, 64), (9, 3, 16, 16), (6, 3, 33, 128)])
+def test_the_kernel_is_the_step_in_float64(native, heads, kv, t, d, padded):
+    """Head dims that are multiples of 32 take the vectorised path where the CPU has AVX-512 BF16
+    (sixteen keys a step, a block cut short at t), others the plain loops."""
     torch.manual_seed(heads * 100 + t)
-    rows, d, capacity = 5, 32, 80
+    rows, capacity = 5, 80
     qkv = torch.randn(rows, (heads + 2 * kv) * d).bfloat16()
     keys = torch.randn(rows, kv, capacity, d).bfloat16()
     values = torch.randn(rows, kv, capacity, d).bfloat16()

@@ -233,3 +233,19 @@ def test_fast_path_folds_lora_adapters_into_its_weights(eos_prone):
         assert not fast.supports(model)                 # disabled adapters: the generic path
         base = HFEngine(model, policy.eos_id, policy.pad_id, fast=False).generate(ids, 2, params).tokens
     assert base != rows[False]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0, 1.0), (1.0, 1.0), (0.7, 0.9)])
+def test_bf16_logits_sample_as_their_exact_fp32_widening(temperature, top_p):
+    """`sample` widens bf16 logits before argmax and softmax (faster kernels): the tokens and
+    log-probs are those of the same values in fp32, ties at the top included (first index)."""
+    from taut.rollout.hf import sample
+
+    logits = (torch.randn(64, 3000, generator=torch.Generator().manual_seed(5)) * 4).bfloat16()
+    logits[3, [10, 20]] = logits[3].max() + 1                         # a tie at the top: the first index wins
+    params = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p)
+    low = sample(logits, params, torch.Generator().manual_seed(1), with_logprobs=True)
+    wide = sample(logits.float(), params, torch.Generator().manual_seed(1), with_logprobs=True)
+    assert torch.equal(low[0], wide[0]) and (low[1] is None or torch.equal(low[1], wide[1]))
+    if temperature == 0:
+        assert low[0][3] == 10

@@ -27,11 +27,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
            with_logprobs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Next tokens [R], and (at temperature > 0, when asked) each drawn token's log-prob under the
     distribution it was drawn from: softmax(logits / T), cut to the nucleus when top_p < 1."""
+    # bf16 logits widened first (exact): torch's argmax and softmax over bf16 rows are 5× and 1.5×
+    # slower than the cast and their fp32 kernels together, with the same results bit for bit (at
+    # SmolLM2's 64 × 49k: argmax 5.8 ms against 1.2, a tenth of a greedy decode step)
+    logits = logits.float()
     if params.temperature == 0:
         return logits.argmax(dim=-1), None
-    # softmax(dtype=float32) reads bf16 logits as fp32 in the same pass: one pass over [R, V], not three
-    scaled = logits if params.temperature == 1.0 else logits.float() / params.temperature
-    probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
+    scaled = logits if params.temperature == 1.0 else logits / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p   # keep the first token always

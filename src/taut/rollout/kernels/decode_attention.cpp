@@ -51,6 +51,89 @@ inline void rotate(const uint16_t* x, const float* cos, const float* signed_sin,
   for (int64_t d = half; d < D; ++d) out[d] = widen(x[d]) * cos[d] + widen(x[d - half]) * signed_sin[d];
 }
 
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define TAUT_AVX512_BF16 1
+
+// lane i of the result: the sum of v[i]'s sixteen lanes (a transpose folded into the adds)
+inline __m512 sum16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88), _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xdd));
+}
+
+// scores[g * T + j] = s · q_g · k_j for j < T: bf16 pairs multiplied exactly and summed in fp32,
+// sixteen keys at a time; q holds G heads of D (a multiple of 32) bf16 values
+inline void scores_avx512(const uint16_t* q, const uint16_t* k, const uint16_t* vpre, int64_t T, int64_t G, int64_t D, float s, float* scores) {
+  constexpr int64_t MAXG = 8, MAXC = 8;           // up to 8 query heads per kv head, head_dim up to 256
+  __m512bh qv[MAXG][MAXC];
+  const int64_t chunks = D / 32;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < chunks; ++c) qv[g][c] = (__m512bh)_mm512_loadu_si512(q + g * D + c * 32);
+  const __m512 scale = _mm512_set1_ps(s);
+  for (int64_t j0 = 0; j0 < T; j0 += 16) {
+    __m512 acc[MAXG][16];
+    for (int64_t jj = 0; jj < 16; ++jj) {
+      const int64_t j = j0 + jj;
+      for (int64_t g = 0; g < G; ++g) acc[g][jj] = _mm512_setzero_ps();
+      if (j >= T) continue;
+      for (int64_t c = 0; c < chunks; ++c) _mm_prefetch(reinterpret_cast<const char*>(vpre + j * D + c * 32), _MM_HINT_T1);
+      for (int64_t c = 0; c < chunks; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(k + (j + 16) * D + c * 32), _MM_HINT_T0);
+        const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + j * D + c * 32);
+        for (int64_t g = 0; g < G; ++g) acc[g][jj] = _mm512_dpbf16_ps(acc[g][jj], qv[g][c], kv);
+      }
+    }
+    const int64_t n = std::min<int64_t>(16, T - j0);
+    const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
+    for (int64_t g = 0; g < G; ++g) _mm512_mask_storeu_ps(scores + g * T + j0, keep, _mm512_mul_ps(sum16(acc[g]), scale));
+  }
+}
+
+// acc_g += p_g[j] · v_j over j < T, fp32; the accumulators hold each 128-bit lane's eight values
+// as two interleaved halves (unpacked against zero), put back in order at the end
+inline void values_avx512(const float* p, const uint16_t* v, const bool* ok, int64_t T, int64_t G, int64_t D, float* out) {
+  constexpr int64_t MAXG = 8, MAXC = 8;
+  __m512 lo[MAXG][MAXC], hi[MAXG][MAXC];
+  const int64_t chunks = D / 32;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < chunks; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t j = 0; j < T; ++j) {
+    if (ok && !ok[j]) continue;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512i x = _mm512_loadu_si512(v + j * D + c * 32);
+      const __m512 a = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)), b = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x));
+      for (int64_t g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(p[g * T + j]);
+        lo[g][c] = _mm512_fmadd_ps(w, a, lo[g][c]);
+        hi[g][c] = _mm512_fmadd_ps(w, b, hi[g][c]);
+      }
+    }
+  }
+  alignas(64) float l[16], h[16];
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < chunks; ++c) {
+      _mm512_store_ps(l, lo[g][c]);
+      _mm512_store_ps(h, hi[g][c]);
+      float* o = out + g * D + c * 32;
+      for (int64_t lane = 0; lane < 4; ++lane)        // 128-bit lane k holds values 8k..8k+3 (lo), 8k+4..8k+7 (hi)
+        for (int64_t e = 0; e < 4; ++e) {
+          o[8 * lane + e] = l[4 * lane + e];
+          o[8 * lane + 4 + e] = h[4 * lane + e];
+        }
+    }
+}
+#endif
+
 }  // namespace
 
 torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
@@ -83,9 +166,13 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   const float* cs = cos.data_ptr<float>();
   const float* sn = signed_sin.data_ptr<float>();
   const float s = static_cast<float>(scale);
+#ifdef TAUT_AVX512_BF16
+  const bool fast = D % 32 == 0 && D <= 256 && G <= 8;
+#endif
 
   at::parallel_for(0, A * KV, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(G * D), row(D), k_new(D), score(G * T), acc(G * D);
+    std::vector<uint16_t> qb(G * D);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r = item / KV, h = item % KV;
       const uint16_t* x = in + r * width;
@@ -99,6 +186,16 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
       for (int64_t g = 0; g < G; ++g) rotate(x + (h * G + g) * D, c, sg, q.data() + g * D, D);
       for (int64_t e = 0; e < G * D; ++e) q[e] = widen(narrow(q[e]));   // queries in bf16, as the keys they meet
       const bool* ok = visible ? visible + r * C : nullptr;
+#ifdef TAUT_AVX512_BF16
+      if (fast) {
+        for (int64_t e = 0; e < G * D; ++e) qb[e] = narrow(q[e]);
+        scores_avx512(qb.data(), kr, vr, T, G, D, s, score.data());
+        if (ok)
+          for (int64_t j = 0; j < T; ++j)
+            if (!ok[j])
+              for (int64_t g = 0; g < G; ++g) score[g * T + j] = HIDDEN;
+      } else
+#endif
       for (int64_t j = 0; j < T; ++j) {
         if (ok && !ok[j]) {                         // a padding column: a finite score far below any other,
           for (int64_t g = 0; g < G; ++g) score[g * T + j] = HIDDEN;   // whose exp is exactly 0
@@ -119,6 +216,11 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
         const float inv = 1.0f / total;
         for (int64_t j = 0; j < T; ++j) p[j] *= inv;
       }
+#ifdef TAUT_AVX512_BF16
+      if (fast) values_avx512(score.data(), vr, ok, T, G, D, acc.data()); else {
+#else
+      {
+#endif
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < T; ++j) {
         if (ok && !ok[j]) continue;
@@ -128,6 +230,7 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
           float* a = acc.data() + g * D;
           for (int64_t d = 0; d < D; ++d) a[d] += p * row[d];
         }
+      }
       }
       for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; ++d) o[r * n_heads * D + (h * G + g) * D + d] = narrow(acc[g * D + d]);
