@@ -1,5 +1,7 @@
 """Evaluation with a progress display generates in batches and gets the very same samples."""
 
+import json
+
 from taut.config import EvalConfig, ModelConfig
 from taut.evaluate import generate_and_grade
 from taut.models.loading import load_policy
@@ -52,10 +54,13 @@ def test_a_killed_evaluation_resumes_from_its_journal_with_the_same_samples(tmp_
     assert len(lines) == 1 + 3                                   # the key, then the three batches done
     path.write_text("\n".join(lines[:3]) + "\n" + lines[3][:40])   # the third batch's line cut off by the kill
     generated = []
-    resumed = generate_and_grade(policy, tasks, cfg, max_new_tokens=12, seed=3, progress=generated.append,
-                                 journal=Journal(path, "m"))
+    journal = Journal(path, "m")
+    resumed = generate_and_grade(policy, tasks, cfg, max_new_tokens=12, seed=3, progress=generated.append, journal=journal)
     assert generated == [4, 6, 8, 10, 12]                        # two batches read back, the rest generated
     assert _key(resumed) == _key(whole)
+    seconds = [json.loads(line)["seconds"] for line in path.read_text().splitlines()[1:]]
+    assert journal.earlier_seconds == seconds[1] > 0             # the killed process's time, up to its last whole batch
+    assert seconds == sorted(seconds) and len(seconds) == 6      # the evaluation's time so far, across both processes
 
 
 def test_a_journal_of_other_settings_or_another_model_is_started_afresh(tmp_path):

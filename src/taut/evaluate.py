@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import json
 import math
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,10 +138,13 @@ class Journal:
     evaluation resumes where it stopped. The first line holds a key: a hash of the problems, the
     sampling settings and `identity` (the model's files); a journal with another key is started
     afresh, and a line cut off by the kill is dropped. Each batch line carries the random
-    generator's state after it. Removed once the report is written."""
+    generator's state after it and the evaluation's seconds so far (`earlier_seconds`: those of
+    the batches read back). Removed once the report is written."""
 
     def __init__(self, path: Path, identity: str):
         self.path, self.identity = Path(path), identity
+        self.earlier_seconds = 0.0       # generation time of the batches read back (earlier processes)
+        self._since = time.perf_counter()
 
     def resume(self, key: list, rollouts: Rollouts, generator: torch.Generator) -> int:
         """Read the batches of a journal with this key into `rollouts` and restore the generator
@@ -158,7 +162,7 @@ class Journal:
                 rollouts.prompt_index += batch["prompt_index"]
                 rollouts.tokens += batch["tokens"]
                 rollouts.truncated += batch["truncated"]
-                done, state = batch["done"], batch["generator"]
+                done, state, self.earlier_seconds = batch["done"], batch["generator"], batch["seconds"]
                 kept.append(line)
         else:
             kept = [json.dumps({"key": digest}) + "\n"]
@@ -166,12 +170,14 @@ class Journal:
         self.path.write_text("".join(kept))
         if state is not None:
             generator.set_state(torch.frombuffer(bytearray(base64.b64decode(state)), dtype=torch.uint8))
+        self._since = time.perf_counter()
         return done
 
     def append(self, done: int, chunk: Rollouts, generator: torch.Generator) -> None:
         state = base64.b64encode(generator.get_state().numpy().tobytes()).decode()
+        seconds = self.earlier_seconds + time.perf_counter() - self._since      # this evaluation's time so far, all processes
         line = {"done": done, "prompt_index": chunk.prompt_index, "tokens": chunk.tokens, "truncated": chunk.truncated,
-                "generator": state}
+                "generator": state, "seconds": seconds}
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()

@@ -51,7 +51,10 @@ def evaluate_policy(config: RunConfig, policy, meta: dict[str, Any], quiet: bool
         samples = generate_and_grade(policy, tasks, config.eval, max_new, seed=config.seed, engine=engine, problems=problems,
                                      progress=lambda done: bar.update(done, task=problems[done - 1][0].name),
                                      **generate_kwargs)
-    result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0})
+    journal = generate_kwargs.get("journal")
+    earlier = journal.earlier_seconds if journal is not None else 0.0     # a resumed evaluation's killed processes
+    result = report(samples, config.eval, {**meta, "max_new_tokens": max_new, "eval_seconds": time.perf_counter() - t0 + earlier,
+                                           "eval_seconds_resumed": earlier})
     return result, samples
 
 

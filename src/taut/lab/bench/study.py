@@ -248,8 +248,9 @@ def run_cell(study: Study, results: Path, runs: Path, cell: Cell, start: str) ->
         out = run / "eval" / f"{mode}.json"
         if not out.is_file():
             sets = [a for k, v in fields.items() for a in ("--set", f"eval.{k}={json.dumps(v)}")]
-            record["eval_seconds"][mode] = taut_command("eval", target, "--config", str(config_path), *sets,
-                                                        "--out", str(out), log=log)
+            wall = taut_command("eval", target, "--config", str(config_path), *sets, "--out", str(out), log=log)
+            # a resumed evaluation (its journal, taut.evaluate.Journal): the killed processes' time too
+            record["eval_seconds"][mode] = wall + (json.loads(out.read_text()).get("eval_seconds_resumed") or 0.0)
             record_path.write_text(json.dumps(record, indent=1))
         keep_evaluation(out, stage, mode)
     record_path.write_text(json.dumps(record, indent=1))
