@@ -80,3 +80,20 @@ def test_a_journal_of_other_settings_or_another_model_is_started_afresh(tmp_path
                                    journal=Journal(path, identity))
         assert calls[0] == 2                                     # nothing read back: the first batch generated
         assert _key(fresh) == _key(generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=seed, progress=lambda d: None))
+
+
+def test_a_damaged_journal_line_ends_what_is_read_back(tmp_path):
+    """Valid JSON that is not a batch (a line written by something else, or damaged in place) is
+    read as the end of the journal: the batches before it are kept, the rest generated again."""
+    from taut.evaluate import Journal
+
+    policy = load_policy(ModelConfig(preset="tiny", threads=1))
+    tasks = [load_task("gym:add", None)]
+    cfg = EvalConfig(n_per_level=2, samples=1, batch_size=2, temperature=1.0)
+    path = tmp_path / "x.partial.jsonl"
+    whole = generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=1, progress=lambda d: None, journal=Journal(path, "m"))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1], json.dumps({"done": 4}), *lines[3:]]) + "\n")
+    calls = []
+    again = generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=1, progress=calls.append, journal=Journal(path, "m"))
+    assert calls[:2] == [2, 4] and _key(again) == _key(whole)

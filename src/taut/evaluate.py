@@ -132,6 +132,9 @@ def generate_and_grade(
     return out
 
 
+BATCH_FIELDS = {"done", "prompt_index", "tokens", "truncated", "generator"}
+
+
 class Journal:
     """An evaluation's generated batches, one JSON line each as it finishes (`RUN/eval/X.partial.jsonl`
     beside the report it will become), so that `taut eval` killed after an hour of a long
@@ -157,12 +160,13 @@ class Journal:
             kept.append(lines[0])
             for line in lines[1:]:
                 batch = _json_line(line)
-                if batch is None or not line.endswith("\n"):      # cut off by the kill
-                    break
+                if not line.endswith("\n") or not isinstance(batch, dict) or not BATCH_FIELDS <= batch.keys():
+                    break                                          # cut off by the kill, or damaged
                 rollouts.prompt_index += batch["prompt_index"]
                 rollouts.tokens += batch["tokens"]
                 rollouts.truncated += batch["truncated"]
-                done, state, self.earlier_seconds = batch["done"], batch["generator"], batch["seconds"]
+                done, state = batch["done"], batch["generator"]
+                self.earlier_seconds = batch.get("seconds", 0.0)      # journals written before lines kept time: none
                 kept.append(line)
         else:
             kept = [json.dumps({"key": digest}) + "\n"]
