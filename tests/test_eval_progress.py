@@ -97,3 +97,16 @@ def test_a_damaged_journal_line_ends_what_is_read_back(tmp_path):
     calls = []
     again = generate_and_grade(policy, tasks, cfg, max_new_tokens=8, seed=1, progress=calls.append, journal=Journal(path, "m"))
     assert calls[:2] == [2, 4] and _key(again) == _key(whole)
+
+
+def test_the_journal_key_holds_the_decode_settings_and_code(monkeypatch):
+    """bf16 and fp32, the decode kernels on and off, or other rollout code generate other tokens
+    for the same model and problems: a journal written under one is not read under another."""
+    from taut.config import RunConfig
+    from taut.workflows import decode_identity
+
+    config = RunConfig.model_validate({"model": {"preset": "tiny", "dtype": "float32"}})
+    base = decode_identity(config)
+    assert decode_identity(config.model_copy(update={"model": config.model.model_copy(update={"dtype": "bf16-mixed"})})) != base
+    monkeypatch.setenv("TAUT_NATIVE", "0")
+    assert decode_identity(config) != base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -97,7 +98,7 @@ def evaluate_target(config: RunConfig, target: Path, out: Path | None = None, qu
     if (checkpoint / "trainer_state.json").exists():
         meta["step"] = read_state(checkpoint)["step"]
     out = Path(out or evaluation_path(target))
-    journal = Journal(out.with_name(out.stem + ".partial.jsonl"), model_identity(checkpoint))
+    journal = Journal(out.with_name(out.stem + ".partial.jsonl"), model_identity(checkpoint) + decode_identity(config))
     result, samples = evaluate_policy(config, policy, meta, quiet=quiet, journal=journal)
     write_report(result, out, samples)
     journal.remove()
@@ -111,6 +112,20 @@ def model_identity(checkpoint: Path) -> str:
     files = sorted(p for p in checkpoint.rglob("*") if p.is_file()) if checkpoint.is_dir() else [checkpoint]
     return json.dumps([str(checkpoint.resolve())] + [[str(p.relative_to(checkpoint) if checkpoint.is_dir() else p.name),
                                                       p.stat().st_size, p.stat().st_mtime_ns] for p in files])
+
+
+def decode_identity(config: RunConfig) -> str:
+    """What else decides the tokens an evaluation generates: the precision, engine, threads and
+    device, the decode kernels' switch, and the rollout code itself (a hash of taut.rollout's
+    sources: another decode path rounds differently, and a journal must not mix two)."""
+    import hashlib
+
+    import taut.rollout as rollout
+
+    root = Path(rollout.__file__).parent
+    sources = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.suffix in (".py", ".cpp")))
+    m = config.model
+    return json.dumps([m.dtype, m.threads, m.device, config.rl.engine, os.environ.get("TAUT_NATIVE", "1"), sources.hexdigest()])
 
 
 def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
