@@ -545,3 +545,23 @@ def test_a_full_fine_tune_exported_at_low_rank_is_its_base_plus_the_truncated_sv
     biased = save_checkpoint(tmp_path / "biased", 1, tuned, {"kind": "sft"})
     with pytest.raises(ValueError, match="bias of model.layers.0.self_attn.q_proj changed"):
         export_lowrank(biased, tmp_path / "z", str(model_dir), rank=2, embedding_rank=2)
+
+
+def test_a_lora_checkpoint_is_the_same_file_in_any_process(model_dir, tmp_path):
+    """peft writes the adapter's target modules from a set, whose order changes with the process's
+    string hashing; taut sorts them, so two processes write the same adapter_config.json."""
+    script = (
+        "import sys, torch; from taut.config import ModelConfig; from taut.models.loading import load_policy; "
+        "from taut.checkpoint import save_checkpoint; "
+        f"p = load_policy(ModelConfig.model_validate({{'path': {str(model_dir)!r}, 'threads': 1, 'lora': "
+        "{'r': 2, 'alpha': 4, 'target_modules': ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']}})); "
+        "print(save_checkpoint(sys.argv[1], 0, p, {'kind': 'rl'}, torch.optim.AdamW(p.model.parameters())))"
+    )
+    written = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / f"run{seed}"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(out)], check=True, env=env, capture_output=True)
+        written.append(next(out.rglob("adapter_config.json")).read_bytes())
+    assert written[0] == written[1] == written[2]
+    assert json.loads(written[0])["target_modules"] == sorted(json.loads(written[0])["target_modules"])

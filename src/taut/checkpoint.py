@@ -140,11 +140,21 @@ def save_policy(policy: Policy, directory: Path) -> None:
     if is_lora(model):
         model.get_base_model().save_pretrained(directory, state_dict=merged_state_dict(model))
         model.save_pretrained(directory / ADAPTER_DIR)
+        _sorted_target_modules(directory / ADAPTER_DIR / "adapter_config.json")
         (directory / ADAPTER_DIR / BASE_FILE).write_text(json.dumps(policy.lora_base, indent=1))
     else:
         model.save_pretrained(directory)
     policy.tokenizer.save_pretrained(directory)
     pin_tokenizer(policy.tokenizer, directory)
+
+
+def _sorted_target_modules(path: Path) -> None:
+    """peft writes `target_modules` from a set, in an order that changes with the process's string
+    hashing: sorted, the same adapter gives the same file (and checksum) in any process."""
+    config = json.loads(path.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 TOKENIZER_PROBES = ("add 3 4 = <think> 1 2 ; </think> answer 7 <eos>",
