@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -12,6 +13,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+import taut.rollout
 from taut.checkpoint import MANIFEST, read_state, require_intact, step_name
 from taut.config import RunConfig
 from taut.evaluate import Journal, generate_and_grade, report, write_report
@@ -118,11 +120,7 @@ def decode_identity(config: RunConfig) -> str:
     """What else decides the tokens an evaluation generates: the precision, engine, threads and
     device, the decode kernels' switch, and the rollout code itself (a hash of taut.rollout's
     sources: another decode path rounds differently, and a journal must not mix two)."""
-    import hashlib
-
-    import taut.rollout as rollout
-
-    root = Path(rollout.__file__).parent
+    root = Path(taut.rollout.__file__).parent
     sources = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.suffix in (".py", ".cpp")))
     m = config.model
     return json.dumps([m.dtype, m.threads, m.device, config.rl.engine, os.environ.get("TAUT_NATIVE", "1"), sources.hexdigest()])

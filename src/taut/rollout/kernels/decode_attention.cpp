@@ -184,11 +184,13 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
       for (int64_t d = 0; d < D; ++d) kr[t * D + d] = narrow(k_new[d]);
       std::memcpy(vr + t * D, x + (n_heads + KV + h) * D, sizeof(uint16_t) * D);
       for (int64_t g = 0; g < G; ++g) rotate(x + (h * G + g) * D, c, sg, q.data() + g * D, D);
-      for (int64_t e = 0; e < G * D; ++e) q[e] = widen(narrow(q[e]));   // queries in bf16, as the keys they meet
+      for (int64_t e = 0; e < G * D; ++e) {         // queries in bf16, as the keys they meet
+        qb[e] = narrow(q[e]);
+        q[e] = widen(qb[e]);
+      }
       const bool* ok = visible ? visible + r * C : nullptr;
 #ifdef TAUT_AVX512_BF16
       if (fast) {
-        for (int64_t e = 0; e < G * D; ++e) qb[e] = narrow(q[e]);
         scores_avx512(qb.data(), kr, vr, T, G, D, s, score.data());
         if (ok)
           for (int64_t j = 0; j < T; ++j)
