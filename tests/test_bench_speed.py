@@ -24,10 +24,11 @@ def test_one_pair_of_each_side_records_times_load_and_limits(tmp_path):
     out = tmp_path / "speed.json"
     result = CliRunner().invoke(app, ["bench", "speed", "--vs", "trl", "--pairs", "1", "--steps", "1", "--modes", "forced",
                                       "--model", str(model), "--task", json.dumps(task), "--max-new-tokens", "4",
-                                      "--out", str(out)])
+                                      "--rollout-dtype", "auto,bf16", "--out", str(out)])
     assert result.exit_code == 0, result.output
     series = json.loads(out.read_text())["forced"]
-    assert set(series["runs"]) == {"taut", "trl"} and len(series["load"]) == 1
+    assert set(series["runs"]) == {"taut", "taut+bf16-rollouts", "trl"} and len(series["load"]) == 1
+    assert [series["runs"][s][0]["rollout_dtype"] for s in ("taut", "taut+bf16-rollouts")] == ["auto", "bf16"]
     for side, runs in series["runs"].items():
         run = runs[0]
         assert run["steps"] == 1 and run["mean_completion_tokens"] == pytest.approx(4), side    # forced: every row 4 tokens
@@ -35,7 +36,10 @@ def test_one_pair_of_each_side_records_times_load_and_limits(tmp_path):
         assert run["process_system_cpu_s"] >= 0 and run["process_page_faults"] > 0    # a process faults its memory in once
         assert 0 < run["limit_fraction"]["generation"] < math.inf and 0 <= run["limit_fraction"]["update"] < math.inf
         assert 0 <= run["prompts_forwarded"] <= run["rows_trained"] <= 1, side    # a prompt counts once per micro-batch
-    assert series["ratio"]["pairs"] == [series["runs"]["taut"][0]["steps_per_s"] / series["runs"]["trl"][0]["steps_per_s"]]
+    for side in ("taut", "taut+bf16-rollouts"):         # each taut side against the same TRL run
+        assert series["ratios"][side]["pairs"] == [series["runs"][side][0]["steps_per_s"] / series["runs"]["trl"][0]["steps_per_s"]]
+    assert series["ratio"] == series["ratios"]["taut"]
+    assert "taut+bf16-rollouts/trl" in result.output
     limits_ = series["limits"]
     assert set(limits_["rates_gflops"]) == {"decode fp32", "train fp32", "decode bf16", "train bf16"}
     assert limits_["model"]["params"] == sum(o * i for o, i in limits_["model"]["shapes"]) > 0
@@ -63,7 +67,8 @@ def test_limit_fractions_follow_the_necessary_arithmetic():
 
 @pytest.mark.parametrize("args, message", [(["--dtype", "fp16"], "--dtype 'fp16': 'fp16' is not one of float32, bf16-mixed"),
                                            (["--modes", "natural,slow"], "'slow' is not one of natural, forced"),
-                                           (["--lora", "qlora"], "'qlora' is not one of full, lora")])
+                                           (["--lora", "qlora"], "'qlora' is not one of full, lora"),
+                                           (["--rollout-dtype", "fp16"], "'fp16' is not one of auto, bf16")])
 def test_unknown_settings_are_refused_before_anything_runs(args, message):
     result = CliRunner().invoke(app, ["bench", "speed", *args])
     assert result.exit_code == 2 and message in " ".join(result.output.split())

@@ -163,3 +163,40 @@ def test_config_switches():
         load_config(None, ["rl.rollout_is=clip"])
     with pytest.raises(ConfigError, match="rollout_is_cap"):
         load_config(None, ["rl.rollout_is_cap=0.5"])
+
+
+def test_bf16_rollouts_sample_as_bf16_mixed_generation_on_fp32_weights(tiny_policy):
+    """rl.rollout_dtype=bf16: an fp32 policy generates with the arithmetic of bf16-mixed
+    generation (the same tokens and log-probs, bit for bit), while the trainer's fp32 forward
+    sees a sampling gap that fp32 generation does not have."""
+    import dataclasses
+
+    from taut.rollout import build_engine
+
+    T = 1.0
+    params = SamplingParams(max_new_tokens=24, temperature=T, logprobs=True)
+    prompts = [tiny_policy.encode_prompt(p) for p in ("add 4 7 + 5 8 = <think>", "sum 3 9 1 = <think>")]
+
+    def sample(engine):
+        return engine.generate(prompts, 4, params, torch.Generator().manual_seed(0))
+
+    mixed = dataclasses.replace(tiny_policy, compute_dtype=torch.bfloat16)
+    bf16 = sample(build_engine("hf", tiny_policy, dtype="bf16"))
+    assert bf16.tokens == sample(build_engine("hf", mixed)).tokens
+    assert bf16.logprobs == sample(build_engine("hf", mixed)).logprobs
+    assert not torch.is_autocast_enabled("cpu"), "the engine's autocast ends with the call"
+    seq, logp = _trainer_logprobs(tiny_policy, prompts, bf16, T)
+    on = seq.mask > 0
+    gap = (seq.rollout_logp[on] - logp[on]).abs()
+    assert 1e-4 < gap.max() < 0.5, f"bf16 generation against the fp32 forward: gap {gap.max():.2e}"
+    fp32 = sample(build_engine("hf", tiny_policy, dtype="auto"))
+    seq, logp = _trainer_logprobs(tiny_policy, prompts, fp32, T)
+    assert (seq.rollout_logp[seq.mask > 0] - logp[seq.mask > 0]).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="rollout dtype"):
+        build_engine("hf", tiny_policy, dtype="fp16")
+
+
+def test_rollout_dtype_is_an_hf_engine_setting():
+    assert RLConfig(rollout_dtype="bf16").rollout_dtype == "bf16"
+    with pytest.raises(ValueError, match="rollout_dtype=bf16 applies to the hf engine"):
+        RLConfig(rollout_dtype="bf16", engine="vllm")

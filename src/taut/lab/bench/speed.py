@@ -25,6 +25,7 @@ its necessary arithmetic would take (`limits`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -70,6 +71,7 @@ class Workload:
     fast_decode: bool = True
     micro_batch_tokens: int = 2048
     share_prompts: bool = True
+    rollout_dtype: str = "auto"             # rl.rollout_dtype: bf16 generation over fp32 weights (taut's side only)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,7 +91,7 @@ def _config(w: Workload):
                "max_new_tokens": w.max_new_tokens, "min_new_tokens": w.max_new_tokens if w.forced else 0,
                "lr": w.lr, "dynamic_sampling": False, "checkpoint_every": 10**6,
                "fast_decode": w.fast_decode, "micro_batch_tokens": w.micro_batch_tokens,
-               "share_prompts": w.share_prompts},
+               "share_prompts": w.share_prompts, "rollout_dtype": w.rollout_dtype},
     })
 
 
@@ -113,7 +115,8 @@ def run_taut(w: Workload) -> dict[str, Any]:
         update=[r["update_time"] for r in records], tokens=[r["length_mean"] * rows for r in records],
         accuracy=[r["accuracy"] for r in records], rows=rows,
     ) | {"rows_trained": sum(r.get("rows_trained") or 0 for r in records) / len(records) / rows,
-         "prompts_forwarded": sum(r.get("prompts_forwarded") or 0 for r in records) / len(records) / rows}
+         "prompts_forwarded": sum(r.get("prompts_forwarded") or 0 for r in records) / len(records) / rows,
+         "rollout_dtype": config.rl.rollout_dtype}
 
 
 def run_trl(w: Workload) -> dict[str, Any]:
@@ -327,7 +330,14 @@ def worker_main(argv: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# taut run with one of its own settings changed, as a side of its own in a series: the label, and
+# the change (TRL has no such setting: on TRL's side these would be the same run)
+TAUT_VARIANTS = {"taut+bf16-rollouts": {"rollout_dtype": "bf16"}}
+
+
 def worker(side: str, w: Workload) -> dict[str, Any]:
+    if side in TAUT_VARIANTS:
+        side, w = "taut", dataclasses.replace(w, **TAUT_VARIANTS[side])
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, "-m", "taut.lab.bench.speed", side, json.dumps(w.__dict__), f.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=_worker_env(w.threads))
@@ -358,10 +368,13 @@ def run_pair_series(w: Workload, pairs: int, sides=("taut", "trl"), log=print, w
         if loads[-1]["loaded"]:
             log(f"  pair {i + 1}: load {before:.1f} → {after:.1f} on {cores} cores: another job shared this pair's CPU")
     out: dict[str, Any] = {"workload": w.__dict__, "runs": runs, "load": loads, "cores": cores}
-    if len(sides) == 2:
-        a, b = sides
-        ratios = [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(runs[a], runs[b])]
-        out["ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "pairs": ratios}
+    if len(sides) >= 2:
+        # each side against the last (the comparison tool): medians of per-pair ratios; `ratio` is the first side's
+        out["ratios"] = {}
+        for a in sides[:-1]:
+            ratios = [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(runs[a], runs[sides[-1]])]
+            out["ratios"][a] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "pairs": ratios}
+        out["ratio"] = out["ratios"][sides[0]]
     if with_limits:
         # the machine's limit is the best rate it reaches: measured after the series and, when
         # given, before it too (a rate measured while memory is still being reclaimed is low)
