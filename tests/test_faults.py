@@ -232,6 +232,59 @@ def test_without_a_snapshot_an_overflowing_step_stops_at_once():
         guard.step(_backward(model))
 
 
+def test_auto_keeps_a_copy_only_where_a_step_can_overflow_the_weights():
+    """`snapshot="auto"`: none for fp32 weights under AdamW with a clipped gradient and a learning
+    rate in bounds; one for bf16 weights, without clipping, or once the learning rate leaves the
+    bounds (read at every step) — and then the overflowing step is undone as with `True`."""
+    model, opt = _tiny_net()
+    assert not NonFiniteGuard(model, opt, snapshot="auto", max_grad_norm=1.0).snapshot
+    assert NonFiniteGuard(model, opt, snapshot="auto").snapshot                        # no clipping: no bound
+    assert NonFiniteGuard(model, torch.optim.SGD(model.parameters(), lr=1e-2), snapshot="auto", max_grad_norm=1.0).snapshot
+    low, low_opt = _tiny_net()
+    low.to(torch.bfloat16)
+    assert NonFiniteGuard(low, low_opt, snapshot="auto", max_grad_norm=1.0).snapshot
+    with pytest.raises(ValueError, match="snapshot must be"):
+        NonFiniteGuard(model, opt, snapshot="sometimes")
+
+    with torch.no_grad():
+        model[0].weight[0, 0] = 2.0
+    before, before_opt = copy.deepcopy(model), copy.deepcopy(opt)
+    guard = NonFiniteGuard(model, opt, max_consecutive=2, snapshot="auto", max_grad_norm=1.0)
+    opt.param_groups[0].update(lr=1e37, weight_decay=30.0)                             # out of bounds: the copy is back
+    assert guard.snapshot and not guard.step(_backward(model))
+    assert _same(model, before) and _same_state(opt, before_opt)
+
+
+def test_fp32_adamw_steps_with_clipped_gradients_stay_finite_where_auto_keeps_no_copy():
+    """The bound auto relies on, by property: random fp32 weights up to 1e6, gradients of any finite
+    size clipped to norm 1, learning rates and decays up to auto's bounds, 20 steps: every weight
+    stays finite (each update is at most lr·max_norm/eps = 1e8 here)."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        weights = torch.nn.Parameter((torch.rand(64, generator=g) - 0.5) * 2 * 10 ** float(torch.randint(0, 7, (1,), generator=g)))
+        lr = float(10 ** (-6 * torch.rand(1, generator=g)))                           # 1e-6 … 1
+        opt = torch.optim.AdamW([weights], lr=lr, weight_decay=float(2 / lr * torch.rand(1, generator=g)))
+        guard = NonFiniteGuard(torch.nn.ParameterList([weights]), opt, snapshot="auto", max_grad_norm=1.0)
+        assert not guard.snapshot, trial
+        for _ in range(20):
+            scale = 10 ** float(torch.randint(-30, 37, (1,), generator=g))
+            weights.grad = (torch.randn(64, generator=g) * scale).clamp(-3e38, 3e38)
+            norm = torch.nn.utils.clip_grad_norm_([weights], 1.0)
+            if torch.isfinite(norm):
+                assert guard.step(norm), trial
+        assert torch.isfinite(weights).all(), trial
+
+
+def test_auto_without_a_copy_stops_at_a_non_finite_step_and_says_why(monkeypatch):
+    import taut.rl.guard as guard_module
+
+    model, opt = _tiny_net()
+    guard = NonFiniteGuard(model, opt, snapshot="auto", max_grad_norm=1.0, section="sft")
+    monkeypatch.setattr(guard_module, "first_nonfinite", lambda params: "0.weight")
+    with pytest.raises(TrainingDiverged, match=r"auto keeps none for fp32 weights.*set sft\.undo_nonfinite_steps: true"):
+        guard.step(_backward(model))
+
+
 def test_a_step_that_raises_midway_is_undone_and_the_error_propagates():
     model, opt = _tiny_net()
     opt.zero_grad()
@@ -694,7 +747,7 @@ def test_sft_undoes_or_stops_on_non_finite_weights_and_names_its_own_keys(tmp_pa
     monkeypatch.setattr(guard, "first_nonfinite", lambda params: "lm_head.weight")   # every step "overflows"
     if undo:
         with pytest.raises(TrainingDiverged, match=r"2 optimizer steps in a row.*sft\.max_nonfinite_skips sets the limit"):
-            _toy_sft(tmp_path, max_nonfinite_skips=2)
+            _toy_sft(tmp_path, max_nonfinite_skips=2, undo_nonfinite_steps=True)
     else:
         with pytest.raises(TrainingDiverged, match=r"sft step 1 .*no snapshot.*set sft\.undo_nonfinite_steps: true"):
             _toy_sft(tmp_path, max_nonfinite_skips=2, undo_nonfinite_steps=False)

@@ -172,21 +172,24 @@ KEPT_TRACES = [*TRACES, "model.keep_freed_memory=true"]
 # The last field: the longest SFT example in tokens (the traces' word cap: 330 words make 667, 239 make 486).
 # A long run's peak is the one to cover: freed memory kept (model.keep_freed_memory, the RL default on a CPU)
 # fragments the heap step after step, so a run of a few steps peaks lower than it will (short: True).
+# Every row was measured with the guard's copy of weights and moments (`undo_nonfinite_steps: true`, the
+# default until 2026-12-07; `auto` keeps none for fp32 weights), so each row asks for it.
+RL_UNDO, SFT_UNDO = "rl.undo_nonfinite_steps=true", "sft.undo_nonfinite_steps=true"
 MEASURED = [
-    (ARITH, ["model.keep_freed_memory=false"], 11.4, False, None),         # the study's training processes, 32 steps (2026-12-04)
-    (ARITH, [], 14.4, False, None),                                        # the same keeping freed memory: killed at step 27 (2026-12-06)
-    (ARITH, ["rl.steps=3"], 9.75, True, None),
-    (ARITH, ["rl.steps=4", "model.lora={}"], 6.35, True, None),
-    (ARITH, ["rl.steps=4", "rl.micro_batch_tokens=4096"], 12.66, True, None),
+    (ARITH, [RL_UNDO, "model.keep_freed_memory=false"], 11.4, False, None),         # the study's training processes, 32 steps (2026-12-04)
+    (ARITH, [RL_UNDO], 14.4, False, None),                                        # the same keeping freed memory: killed at step 27 (2026-12-06)
+    (ARITH, [RL_UNDO, "rl.steps=3"], 9.75, True, None),
+    (ARITH, [RL_UNDO, "rl.steps=4", "model.lora={}"], 6.35, True, None),
+    (ARITH, [RL_UNDO, "rl.steps=4", "rl.micro_batch_tokens=4096"], 12.66, True, None),
     # SFT, the loss chunked over response tokens, on traces of up to 667 tokens, freed memory kept (the default
     # then; 2026-12-06, 6 steps)
-    (None, [*KEPT_TRACES, "sft.batch_size=4"], 6.48, True, 667),
-    (None, [*KEPT_TRACES, "sft.batch_size=8"], 14.50, True, 667),
-    (None, [*KEPT_TRACES, "sft.batch_size=16", "sft.activation_checkpointing=true"], 7.21, True, 667),
-    (None, [*KEPT_TRACES[:1], *KEPT_TRACES[2:], "sft.batch_size=16", "sft.activation_checkpointing=true"], 12.27, True, 667),   # full
+    (None, [SFT_UNDO, *KEPT_TRACES, "sft.batch_size=4"], 6.48, True, 667),
+    (None, [SFT_UNDO, *KEPT_TRACES, "sft.batch_size=8"], 14.50, True, 667),
+    (None, [SFT_UNDO, *KEPT_TRACES, "sft.batch_size=16", "sft.activation_checkpointing=true"], 7.21, True, 667),
+    (None, [SFT_UNDO, *KEPT_TRACES[:1], *KEPT_TRACES[2:], "sft.batch_size=16", "sft.activation_checkpointing=true"], 12.27, True, 667),   # full
     # the same giving freed memory back (`taut sft`'s default since), bf16-mixed, traces of up to 486 tokens (2026-12-07)
-    (None, [*TRACES, "model.dtype=bf16-mixed", "sft.batch_size=16", "sft.activation_checkpointing=true"], 2.3, True, 486),
-    (None, [*TRACES[:1], *TRACES[2:], "model.dtype=bf16-mixed", "sft.batch_size=16", "sft.activation_checkpointing=true"],
+    (None, [SFT_UNDO, *TRACES, "model.dtype=bf16-mixed", "sft.batch_size=16", "sft.activation_checkpointing=true"], 2.3, True, 486),
+    (None, [SFT_UNDO, *TRACES[:1], *TRACES[2:], "model.dtype=bf16-mixed", "sft.batch_size=16", "sft.activation_checkpointing=true"],
      5.2, True, 486),                                                                                            # full
 ]
 

@@ -196,6 +196,14 @@ class DataConfig(Strict):
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
 
 
+UNDO_DESCRIPTION = (
+    "keep a copy of the trainable weights and their optimizer state before each step, to undo a step whose weights become "
+    "non-finite (it costs three times the trainable weights: 1.6 GB for a 135M-parameter model; a non-finite gradient is "
+    "skipped either way, and non-finite weights with no copy stop the run). auto: only where a step can overflow the "
+    "weights from a finite gradient — weights in bf16/fp16, or a learning rate far outside the usual; fp32 weights under "
+    "AdamW with the gradient clipped cannot overflow (taut.rl.guard), so auto keeps no copy for them")
+
+
 class SFTConfig(Strict):
     steps: int = Field(2000, ge=0)
     batch_size: int = Field(64, gt=0)
@@ -220,10 +228,8 @@ class SFTConfig(Strict):
                                                           "many steps (and at 0 and the end): where to stop SFT before RL")
     val_examples: int = Field(256, gt=0, description="validation examples (drawn once from the validation split)")
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf")
-    undo_nonfinite_steps: bool = Field(
-        True, description="keep a copy of the weights and their optimizer state before each step, to undo a step whose "
-                          "weights become non-finite (costs that memory: turn off for large full fine-tunes; a non-finite "
-                          "gradient is still skipped, and non-finite weights then stop the run)")
+    undo_nonfinite_steps: bool | Literal["auto"] = Field(
+        "auto", description=UNDO_DESCRIPTION)
 
     _betas_in_range = field_validator("betas")(_betas)
 
@@ -290,10 +296,8 @@ class RLConfig(Strict):
     keep_checkpoints: int | None = Field(None, gt=0, description="keep only the newest N step checkpoints (phase-boundary and best ones are kept)")
     max_nonfinite_skips: int = Field(3, ge=1, description="stop after this many optimizer steps in a row skipped for NaN/inf "
                                                            "(each skipped step is undone and counted)")
-    undo_nonfinite_steps: bool = Field(
-        True, description="keep a copy of the trainable weights and their optimizer state before each step, to undo a step "
-                          "whose weights become non-finite (costs that memory: turn off for large full fine-tunes; a "
-                          "non-finite gradient is still skipped, and non-finite weights then stop the run)")
+    undo_nonfinite_steps: bool | Literal["auto"] = Field(
+        "auto", description=UNDO_DESCRIPTION)
 
     _betas_in_range = field_validator("betas")(_betas)
 

@@ -368,9 +368,11 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
     assumed: list[str] = []
     copies = n * 2 if mixed else 0                    # bf16 weights: the decoder's, autocast's
     kept = config.model.keeps_freed_memory(command) and not gpu
+    # the guard's copy: `auto` keeps it for weights below fp32 only (taut.rl.guard)
+    snapshot = section.undo_nonfinite_steps is True or (section.undo_nonfinite_steps == "auto" and weight_bytes < 4)
     per_token = _update_bytes_per_token(shape, mixed, low, section.activation_checkpointing, kept)
     held = {"process": 0.0 if gpu else PROCESS_BYTES,
-            "model and optimizer": n * weight_bytes + trainable * weight_bytes * (3 + (3 if section.undo_nonfinite_steps else 0))}
+            "model and optimizer": n * weight_bytes + trainable * weight_bytes * (3 + (3 if snapshot else 0))}
     peaks: dict[str, tuple[float, str]] = {}          # phase: (bytes, the setting that bounds it)
     if command == "sft":
         peaks["update"] = _sft_update_peak(config, shape, sft_tokens, copies, per_token, assumed)
@@ -389,7 +391,7 @@ def estimate(config: RunConfig, command: Command, shape: ModelShape, *, prompt_t
               "rollout data": f"rl.prompts_per_step or rl.group_size (now {config.rl.prompts_per_step * config.rl.group_size} "
                               f"rollouts a step)",
               "model and optimizer": "model.lora (train a LoRA adapter)" if not lora else "model.path's size (a smaller model)"}
-    if not lora and section.undo_nonfinite_steps:
+    if not lora and snapshot:
         advice["model and optimizer"] += f", or {command if command == 'sft' else 'rl'}.undo_nonfinite_steps=false"
     if "update" in advice and not section.activation_checkpointing:
         advice["update"] += f", or set {command if command == 'sft' else 'rl'}.activation_checkpointing=true"

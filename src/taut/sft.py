@@ -215,7 +215,8 @@ def _train_sft(config: RunConfig, run_dir: Path, resume: bool, quiet: bool, stop
     model = policy.model
     trackers = open_trackers(config, run_dir, resume_step=start if start else None)
     log = MetricsLog(run_dir / "metrics.jsonl", resume_step=start if start else None, forward=trackers.log)
-    guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps, section="sft")
+    guard = NonFiniteGuard(model, optimizer, sft.max_nonfinite_skips, snapshot=sft.undo_nonfinite_steps,
+                           max_grad_norm=sft.grad_clip, section="sft")
     heartbeat.beat(start)
 
     held_back = validation_examples(config) if sft.val_every else []

@@ -27,6 +27,18 @@ shared, loaded CPU: `guard.step` took 1.06–1.20× the time of a bare `optimize
 and backward pass. Where the memory is not available (full fine-tuning of a large model),
 `snapshot=False` keeps check 1 and turns a non-finite result of check 2 into `TrainingDiverged`
 straight away, since there is nothing to restore.
+
+`snapshot="auto"` (the configs' default) keeps the copy only for a step that could make a weight
+non-finite from finite ones and a finite gradient. Under AdamW (or Adam) with the gradient norm
+clipped to `max_grad_norm`, the bias-corrected first moment is a weighted mean of past clipped
+gradients, so each element's update is at most lr·(max_grad_norm / eps) plus the decoupled decay
+p·lr·wd. With fp32 (or fp64) weights, lr·max_grad_norm/eps ≤ 1e30 and lr·wd ≤ 2 (the decay then
+never grows a weight), a step cannot leave fp32's range (3.4e38) from weights of any sane size:
+the copy would never be used, and for a 135M-parameter model it is 1.6 GB of the process. Weights
+in bf16 or fp16 (whose range an update can overflow), another optimizer, no clipping, or a
+learning rate outside those bounds (read at every step) keep it. Should a step go non-finite anyway
+(weights near fp32's limit), check 2 still catches it and stops the run: the last checkpoint is
+finite.
 """
 
 from __future__ import annotations
@@ -52,18 +64,36 @@ class NonFiniteGuard:
     raises `TrainingDiverged` after `max_consecutive` skips in a row."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_consecutive: int = 3,
-                 snapshot: bool = True, section: str = "rl"):
+                 snapshot: bool | str = True, section: str = "rl", max_grad_norm: float | None = None):
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be at least 1, got {max_consecutive}")
+        if snapshot not in (True, False, "auto"):
+            raise ValueError(f"snapshot must be true, false or 'auto', got {snapshot!r}")
         self.optimizer = optimizer
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.max_consecutive = max_consecutive
-        self.snapshot = snapshot
+        self.mode = snapshot
+        self.max_grad_norm = max_grad_norm    # the clipping the caller applies before `step` (auto's bound needs it)
         self.section = section        # the config section whose keys the errors name ("rl", "sft")
         self.consecutive = 0          # skips since the last applied step
         self.skipped = 0              # skips in total
         self._weights: list[torch.Tensor] = []
         self._state: dict[torch.Tensor, dict] = {}
+
+    @property
+    def snapshot(self) -> bool:
+        """Whether the next step keeps a copy to undo it (see the module's docstring for auto)."""
+        return self.mode if self.mode != "auto" else not self.cannot_overflow()
+
+    def cannot_overflow(self) -> bool:
+        """A step from finite fp32 weights and a finite gradient clipped to `max_grad_norm` stays
+        finite: AdamW's update bound lr·max_grad_norm/eps ≤ 1e30, its decay factor lr·wd ≤ 2."""
+        if self.max_grad_norm is None or not isinstance(self.optimizer, (torch.optim.AdamW, torch.optim.Adam)):
+            return False
+        if any(p.dtype not in (torch.float32, torch.float64) for _, p in self.params):
+            return False
+        return all(float(g["lr"]) * self.max_grad_norm / float(g["eps"]) <= 1e30 and float(g["lr"]) * float(g["weight_decay"]) <= 2
+                   for g in self.optimizer.param_groups)
 
     def step(self, grad_norm: float | torch.Tensor, where: str = "") -> bool:
         """Apply `optimizer.step()` unless it is not finite; True when it was applied.
@@ -72,19 +102,22 @@ class NonFiniteGuard:
         if not math.isfinite(norm):
             self._skip(f"gradient norm is {norm}", where)
             return False
-        if self.snapshot:
+        snapshot = self.snapshot
+        if snapshot:
             self._take_snapshot()
         try:
             self.optimizer.step()
         except Exception:                   # e.g. torch refusing a scalar that overflows, after updating the moments
-            if self.snapshot:
+            if snapshot:
                 self._restore()
             raise
         bad = first_nonfinite(self.params)
         if bad is not None:
-            if not self.snapshot:
+            if not snapshot:
+                why = " (undo_nonfinite_steps: auto keeps none for fp32 weights under AdamW with a clipped gradient, " \
+                      "whose steps stay finite from weights of a sane size)" if self.mode == "auto" else ""
                 raise TrainingDiverged(f"parameter {bad} became non-finite after an optimizer step{_at(where)} and the guard "
-                                       f"keeps no snapshot to restore; lower the learning rate, or set "
+                                       f"keeps no snapshot to restore{why}; lower the learning rate, or set "
                                        f"{self.section}.undo_nonfinite_steps: true")
             self._restore()
             self._skip(f"parameter {bad} became non-finite (gradient norm {norm:.3g}); weights and optimizer state restored", where)
