@@ -241,7 +241,7 @@ class RLConfig(Strict):
     rollout_dtype: Literal["auto", "bf16"] = Field(
         "auto", description="hf engine: the precision rollouts are generated in. auto: the model's (model.dtype); bf16: "
                             "bf16 products over the fp32 weights (autocast, as under bf16-mixed) while the update stays in "
-                            "model.dtype — on a CPU with AMX about twice as fast as fp32 generation; the log-probs the update "
+                            "model.dtype — on a CPU with AMX about a fifth of fp32 generation's time; the log-probs the update "
                             "uses are still recomputed by the model's forward, and rollout_is corrects the sampling gap "
                             "(docs/performance.md)")
     steps: int | None = Field(None, ge=0, description="RL steps; default: the sum of the phases' steps (100 without phases)")
