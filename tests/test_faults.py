@@ -240,6 +240,7 @@ def test_auto_keeps_a_copy_only_where_a_step_can_overflow_the_weights():
     assert not NonFiniteGuard(model, opt, snapshot="auto", max_grad_norm=1.0).snapshot
     assert NonFiniteGuard(model, opt, snapshot="auto").snapshot                        # no clipping: no bound
     assert NonFiniteGuard(model, torch.optim.SGD(model.parameters(), lr=1e-2), snapshot="auto", max_grad_norm=1.0).snapshot
+    assert NonFiniteGuard(model, torch.optim.AdamW(model.parameters(), eps=0.0), snapshot="auto", max_grad_norm=1.0).snapshot
     low, low_opt = _tiny_net()
     low.to(torch.bfloat16)
     assert NonFiniteGuard(low, low_opt, snapshot="auto", max_grad_norm=1.0).snapshot

@@ -92,8 +92,8 @@ class NonFiniteGuard:
             return False
         if any(p.dtype not in (torch.float32, torch.float64) for _, p in self.params):
             return False
-        return all(float(g["lr"]) * self.max_grad_norm / float(g["eps"]) <= 1e30 and float(g["lr"]) * float(g["weight_decay"]) <= 2
-                   for g in self.optimizer.param_groups)
+        return all(float(g["eps"]) > 0 and float(g["lr"]) * self.max_grad_norm / float(g["eps"]) <= 1e30
+                   and float(g["lr"]) * float(g["weight_decay"]) <= 2 for g in self.optimizer.param_groups)
 
     def step(self, grad_norm: float | torch.Tensor, where: str = "") -> bool:
         """Apply `optimizer.step()` unless it is not finite; True when it was applied.
