@@ -325,3 +325,18 @@ def test_the_estimates_precision_is_the_one_the_model_loads_in():
         for gpu in (False, True):
             weights, autocast = resolve_dtype(spec, torch.device("cuda" if gpu else "cpu"))
             assert precision(ModelConfig(preset="tiny", dtype=spec), gpu) == (weights.itemsize, autocast is not None), (spec, gpu)
+
+
+def test_bf16_rollouts_count_the_decoders_bf16_weights_and_cache():
+    """rl.rollout_dtype=bf16 on fp32 weights: generation holds a bf16 copy of the weights (n × 2) and
+    a bf16 cache (half the fp32 one)."""
+    from taut.builtin_recipes import resolve_recipe
+    from taut.preflight import ModelShape, _rl_peaks
+
+    shape = ModelShape.from_config(SMOLLM2, SMOLLM2_PARAMETERS, "SmolLM2")
+    fp32, bf16 = (load_config(resolve_recipe(ARITH), ["model.dtype=float32", f"rl.rollout_dtype={d}"])
+                  for d in ("auto", "bf16"))
+    a, b = (_rl_peaks(c, shape, 62, 0.0, 1.0, 4)["generation"][0] for c in (fp32, bf16))
+    rows = fp32.rl.prompts_per_step * fp32.rl.group_size
+    kv_fp32 = rows * 1.5 * (62 + fp32.rl.max_new_tokens) * shape.layers * 2 * shape.kv_heads * shape.head_dim * 4
+    assert b - a == pytest.approx(SMOLLM2_PARAMETERS * 2 - kv_fp32 / 2)

@@ -181,9 +181,8 @@ def test_bf16_rollouts_sample_as_bf16_mixed_generation_on_fp32_weights(tiny_poli
         return engine.generate(prompts, 4, params, torch.Generator().manual_seed(0))
 
     mixed = dataclasses.replace(tiny_policy, compute_dtype=torch.bfloat16)
-    bf16 = sample(build_engine("hf", tiny_policy, dtype="bf16"))
-    assert bf16.tokens == sample(build_engine("hf", mixed)).tokens
-    assert bf16.logprobs == sample(build_engine("hf", mixed)).logprobs
+    bf16, reference = sample(build_engine("hf", tiny_policy, dtype="bf16")), sample(build_engine("hf", mixed))
+    assert bf16.tokens == reference.tokens and bf16.logprobs == reference.logprobs
     assert not torch.is_autocast_enabled("cpu"), "the engine's autocast ends with the call"
     seq, logp = _trainer_logprobs(tiny_policy, prompts, bf16, T)
     on = seq.mask > 0

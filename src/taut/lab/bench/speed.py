@@ -330,14 +330,15 @@ def worker_main(argv: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-# taut run with one of its own settings changed, as a side of its own in a series: the label, and
-# the change (TRL has no such setting: on TRL's side these would be the same run)
-TAUT_VARIANTS = {"taut+bf16-rollouts": {"rollout_dtype": "bf16"}}
+# taut's side of a series for each rl.rollout_dtype: a side of its own, so that both precisions run
+# against the same TRL runs (TRL generates in the precision it trains in)
+ROLLOUT_SIDES = {"auto": "taut", "bf16": "taut+bf16-rollouts"}
 
 
 def worker(side: str, w: Workload) -> dict[str, Any]:
-    if side in TAUT_VARIANTS:
-        side, w = "taut", dataclasses.replace(w, **TAUT_VARIANTS[side])
+    for dtype, label in ROLLOUT_SIDES.items():
+        if side == label:
+            side, w = "taut", dataclasses.replace(w, rollout_dtype=dtype)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, "-m", "taut.lab.bench.speed", side, json.dumps(w.__dict__), f.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=_worker_env(w.threads))
