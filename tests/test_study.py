@@ -48,6 +48,20 @@ def test_the_real_study_recipe_makes_a_valid_run_for_every_cell_and_its_smoke():
         starts = [c for c in st.all_cells(study) if c.method == "start"]
         assert starts == [st.Cell("start", s) for s in study.seeds]   # the start on each seed's draw, on more problems
         assert all(st.cell_config(study, None, s).eval.n_per_level == (1 if quick else 300) for s in study.seeds)
+        method_seeds = {c.seed for c in st.all_cells(study) if c.method != "start"}
+        assert method_seeds == ({0} if quick else {0, 1, 2, 3, 4})    # the smoke runs the study's seeds only
+
+
+def test_a_method_may_run_more_seeds_than_the_study_and_its_cells_come_after_the_studys(tmp_path):
+    methods = [{"name": "gate", "seeds": [0, 1, 2], "set": {"strategy": {"name": "mastery-gated"}}},
+               {"name": "ctl", "set": {"strategy": {"name": "none"}}},
+               {"name": "pen", "seeds": [0, 1, 2], "set": {"strategy": {"name": "alp"}}}]
+    study = _study(tmp_path, seeds=[0, 1], start_seeds=[0], gates=["gate"], penalties=["pen"], methods=methods)
+    assert [c.key for c in st.all_cells(study)] == ["start/seed0", "gate/seed0", "ctl/seed0", "pen/seed0", "gate/seed1",
+                                                    "ctl/seed1", "pen/seed1", "gate/seed2", "pen/seed2"]
+    assert st._seed_counts(study) == "2–3"
+    with pytest.raises(ConfigError, match="seeds"):
+        _study(tmp_path, methods=[{**methods[0], "seeds": []}, methods[2]])
 
 
 def test_a_study_recipe_names_only_methods_it_has(tmp_path):

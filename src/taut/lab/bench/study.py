@@ -70,6 +70,8 @@ EXAMPLE_FIELDS = ("problem_id", "domain", "difficulty", "correct", "length", "re
 
 class StudyMethod(Strict):
     name: str
+    seeds: list[int] | None = Field(None, min_length=1, description="this method's seeds (default: the study's); more "
+                                    "where a comparison needs the power")
     set: dict[str, Any] = Field(default_factory=dict, description="run fields over the study's (strategy, phases, …)")
 
 
@@ -118,6 +120,9 @@ def load_study(path: Path, quick: bool = False) -> Study:
     quick_overrides = raw.pop("quick", {}) or {}
     if quick:
         raw = merge(raw, quick_overrides)
+        for method in raw.get("methods") or []:      # a smoke runs the study's seeds only
+            if isinstance(method, dict):
+                method.pop("seeds", None)
     try:
         study = Study.model_validate(raw)
     except ValidationError as err:
@@ -302,8 +307,16 @@ def start_seeds(study: Study) -> list[int]:
     return study.start_seeds if study.start_seeds is not None else study.seeds
 
 
+def method_seeds(study: Study, method: StudyMethod) -> list[int]:
+    return method.seeds if method.seeds is not None else study.seeds
+
+
 def all_cells(study: Study) -> list[Cell]:
-    return [Cell("start", s) for s in start_seeds(study)] + [Cell(m.name, s) for s in study.seeds for m in study.methods]
+    """The start's cells, then seed by seed (the study's, then any further seed a method names) each
+    method that runs it, in the recipe's order."""
+    seeds = list(dict.fromkeys([*study.seeds, *(s for m in study.methods for s in method_seeds(study, m))]))
+    return [Cell("start", s) for s in start_seeds(study)] + [Cell(m.name, s) for s in seeds for m in study.methods
+                                                            if s in method_seeds(study, m)]
 
 
 def run_study(study: Study, results: Path, runs: Path, restart: bool = False) -> list[dict[str, Any]]:
@@ -504,6 +517,12 @@ def _by_problem(path: Path, families: list[str], level: int | None, held_out: bo
 # ---------------------------------------------------------------------------------------------
 
 
+def _seed_counts(study: Study) -> str:
+    """"3", or "3–4" where some methods run more seeds."""
+    counts = sorted({len(method_seeds(study, m)) for m in study.methods})
+    return "–".join(map(str, counts[:1] + counts[-1:] if len(counts) > 1 else counts))
+
+
 def _f(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
@@ -595,7 +614,7 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
     eval_minutes = [sum(c["cell"].get("eval_seconds", {}).values()) / 60 for v in cells.values() for c in v.values()]
     lines = [f"## {study.title}" + ("" if done == total else f" — {done} of {total} cells run"), "",
              "```", command, "```", "",
-             f"Recipe `recipes/bench-{study.study}.yaml`: {len(study.methods)} methods × {len(study.seeds)} seeds from "
+             f"Recipe `recipes/bench-{study.study}.yaml`: {len(study.methods)} methods × {_seed_counts(study)} seeds from "
              f"`{study.start}`" + (f" (built by `{study.prepare}`)" if study.prepare else "") +
              f", RL on {', '.join(study.trained)}; {', '.join(study.held_out) or 'no family'} evaluated only. "
              f"Generated from the committed cells under `{study.results}/`; the numbers are measured, not edited.",
