@@ -1,6 +1,7 @@
 """Written arithmetic (taut.tasks.written): generators, splits, the verifier (adversarially), the oracle,
 the SFT traces, and the tasks end to end (train, eval with the oracle and a prefill, SFT, preview)."""
 
+import dataclasses
 import json
 import random
 import re
@@ -34,29 +35,43 @@ def replay(problem: Written) -> int:
     digits, highest column first; stories: the last step's result)."""
     steps = problem.steps()
     if problem.family == "stories":
+        if problem.format == 2:        # each change's digit work: the ones digit written, the tens, then the result
+            for step in steps:
+                value, op, n = re.match(r"(\d+) ([+-]) (\d+):", step).groups()
+                ones = re.search(r"(?:write |= )(\d)(?:, carry|; tens)", step).group(1)
+                tens = re.search(r"tens \d+ [+-] \d = (\d+)\.", step).group(1)
+                result = int(re.search(r"= (\d+)\.$", step).group(1))
+                assert result == (int(value) + int(n) if op == "+" else int(value) - int(n)) == int(tens + ones)
         return int(re.search(r"= (\d+)\.$", steps[-1]).group(1))
     written = [re.search(r"Write (\d+)", s).group(1) for s in steps]
-    so_far = [int(re.search(r"So far: (\d+)\.$", s).group(1)) for s in steps]
-    assert so_far == [int("".join(reversed(written[: i + 1]))) for i in range(len(steps))]
+    so_far = [re.search(r"So far: (\d+)\.$", s).group(1) for s in steps]
+    if problem.format == 1:
+        assert [int(x) for x in so_far] == [int("".join(reversed(written[: i + 1]))) for i in range(len(steps))]
+    else:                              # one digit a line, the zeros kept
+        assert all(len(w) == 1 for w in written)
+        assert so_far == ["".join(reversed(written[: i + 1])) for i in range(len(steps))]
     return int("".join(reversed(written)))
 
 
+@pytest.mark.parametrize("format", [1, 2])
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("level", LEVELS)
-def test_the_steps_compute_the_answer_and_levels_have_their_size(family, level):
+def test_the_steps_compute_the_answer_and_levels_have_their_size(family, level, format):
     rng = random.Random(f"{family}{level}")
     for _ in range(300):
-        p = draw(family, level, rng)
+        p = dataclasses.replace(draw(family, level, rng), format=format)
         assert replay(p) == p.answer >= 0
+        carried = format == 2 and p.steps()[-1].startswith("Carry:")       # format 2: a carry left over has a line
         if family == "stories":
             assert len(p.steps()) == level and all(1 <= n <= 9 for n in p.numbers[1:])
         elif family == "times":
-            assert len(str(p.numbers[0])) == level + 1 and 2 <= p.numbers[1] <= 9 and len(p.steps()) == level + 1
+            assert len(str(p.numbers[0])) == level + 1 and 2 <= p.numbers[1] <= 9 and len(p.steps()) == level + 1 + carried
         elif level == 1:             # one column of work: no carry, no borrow
             a, b = p.numbers
-            assert b < 10 and a < 1000 and (a % 10 + b < 10 if p.ops == ("+",) else a % 10 >= b)
+            assert b < 10 and a < 1000 and (a % 10 + b < 10 if p.ops == ("+",) else a % 10 >= b) and not carried
         else:
-            assert max(len(str(n)) for n in p.numbers) == level and len(p.steps()) == level
+            assert max(len(str(n)) for n in p.numbers) == level and len(p.steps()) == level + carried
+        assert carried == (format == 2 and family != "stories" and len(str(p.answer)) > len(p.steps()) - carried)
         assert p.direct == (family != "times" and level == 1)
         assert p.necessary_steps() == ([] if p.direct else p.steps())
 
@@ -114,8 +129,8 @@ def test_specs_resolve_to_families_and_held_out_is_times():
 
 
 # ---- the verifier, adversarially ------------------------------------------------------------------
-PROBLEMS = st.builds(lambda family, level, seed: draw(family, level, random.Random(seed)),
-                     st.sampled_from(list(FAMILIES)), st.sampled_from(LEVELS), st.integers(0, 10**9))
+PROBLEMS = st.builds(lambda family, level, seed, format: dataclasses.replace(draw(family, level, random.Random(seed)), format=format),
+                     st.sampled_from(list(FAMILIES)), st.sampled_from(LEVELS), st.integers(0, 10**9), st.sampled_from([1, 2]))
 JOINERS = [" or ", " and ", ", ", " / ", " \\lor ", " \\vee ", " \\wedge ", " \\land ", " \\cup ", " \\mid ", " \\\\ ",
            " \\approx ", " ~ ", " = ", " < ", " != ", " to ", "-", " (or ", " maybe "]
 
@@ -219,8 +234,9 @@ def test_the_oracle_counts_with_the_tokenizer_it_is_given():
 
 
 # ---- traces ---------------------------------------------------------------------------------------
-def test_traces_are_correct_overthink_by_the_mixture_and_answer_easy_problems_directly_at_its_rate():
-    task = WrittenTask(list(FAMILIES), levels=LEVELS)
+@pytest.mark.parametrize("format", [1, 2])
+def test_traces_are_correct_overthink_by_the_mixture_and_answer_easy_problems_directly_at_its_rate(format):
+    task = WrittenTask(list(FAMILIES), levels=LEVELS, format=format)
     rng = random.Random(0)
     direct, easy, redundant, total = 0, 0, 0, 0
     assert all(response.count("Answer:") == 1 for _, response in task.sft_examples(rng, 500, pool_per_level=50))
@@ -240,6 +256,31 @@ def test_traces_are_correct_overthink_by_the_mixture_and_answer_easy_problems_di
     none = Redundancy(p_direct_easy=0, p_restate=0, p_recheck=0, rounds=(1.0,))
     p = Written("times", 2, (347, 6), ("*",))
     assert trace(p, rng, none) == p.minimal_response()
+
+
+def test_format_2_asks_the_same_problems_and_writes_their_steps_otherwise():
+    one, two = (load_task(spec, list(LEVELS)) for spec in ("written:all", "written2:all"))
+    p1, p2 = (t.problems("test", 30, seed=3) for t in (one, two))
+    assert [(p.id, p.prompt, p.answer) for p in p1] == [(p.id, p.prompt, p.answer) for p in p2]
+    assert {p.data.format for p in p1} == {1} and {p.data.format for p in p2} == {2}
+    for a, b in zip(p1, p2):
+        if a.difficulty > 1:
+            assert a.data.minimal_response() != b.data.minimal_response()
+        for task, p in ((one, a), (two, b)):               # each task's oracle reads its own format
+            analysis = task.analyze(p, p.data.minimal_response(), True)
+            assert analysis.correct and analysis.redundant_tokens == 0
+    # the format-2 subtraction states both digits before the verdict; the last column carries like the others
+    assert "2 vs 4: less, borrow, 12 - 4 = 8. Write 8, borrow 1." in Written("columns", 2, (32, 14), ("-",), format=2).steps()[0]
+    assert Written("columns", 2, (97, 41), ("+",), format=2).steps()[1:] == [
+        "Tens: 97 has 9, 41 has 4. 9 + 4 + 0 = 13. Write 3, carry 1. So far: 38.", "Carry: 1. Write 1. So far: 138."]
+    assert Written("stories", 1, (65, 6), ("-",), format=2).steps() == [
+        "65 - 6: ones 5 vs 6: less, borrow, 15 - 6 = 9; tens 6 - 1 = 5. 65 - 6 = 59."]
+    # a format-1 story step is not a format-2 necessary step: the oracle counts it redundant
+    story = Written("stories", 2, (65, 6, 3), ("-", "+"), format=2)
+    old = "65 - 6 = 59.\n59 + 3 = 62.\nAnswer: 62"
+    assert analyze(story, old, complete=True).coverage == 0.0
+    with pytest.raises(ValueError, match="formats are 1, 2"):
+        WrittenTask(["columns"], format=3)
 
 
 def test_sft_examples_draw_families_uniformly_and_harder_levels_more_often():
@@ -355,6 +396,8 @@ def test_data_preview_shows_written_problems_with_their_oracle():
     out = CliRunner().invoke(app, ["data", "preview", "written:columns", "-d", "3", "-n", "2"])
     assert out.exit_code == 0, out.output
     assert "Hundreds:" in out.output and "necessary" in out.output and "Answer:" in out.output
+    two = CliRunner().invoke(app, ["data", "preview", "written2:stories", "-d", "2", "-n", "1"])
+    assert two.exit_code == 0 and "; tens " in two.output          # format 2: each change worked digit by digit
     bad = CliRunner().invoke(app, ["data", "preview", "written:colums"])
     assert bad.exit_code == 2 and "unknown written family" in bad.output
 

@@ -26,7 +26,8 @@ from taut.tasks import load_task
 from taut.tasks.base import PromptLimit
 from taut.tasks.gym.domains import DOMAINS, LEVELS
 from taut.tasks.gym.task import GymTask, TraceMixture, analyze
-from taut.tasks.written import WrittenTask, resolve_families, trace
+from taut.tasks.written import load as load_written
+from taut.tasks.written import trace
 from taut.tasks.written import analyze as analyze_written
 
 
@@ -154,7 +155,7 @@ def preview(domain: str, difficulty: int, n: int, seed: int) -> Table:
 def preview_written(spec: str, difficulty: int, n: int, seed: int) -> Table:
     """Written-arithmetic examples (taut.tasks.written): prompt, answer, the minimal response, and
     an SFT trace with the oracle's count of its necessary and redundant words."""
-    task = WrittenTask(resolve_families(spec), name=spec, levels=(difficulty,))
+    task = load_written(spec, [difficulty])
     rng = random.Random(seed)
     problems = task.problems("train", n, seed)
     grid = Table.grid(padding=(0, 1))

@@ -12,6 +12,8 @@ Task specs in recipes:
     qa, qa:FAMILY+FAMILY      short-answer QA from reasoning-gym (taut.tasks.qa)   } (docs/transfer.md)
     written, written:FAMILY   taut's written arithmetic with an oracle (columns, stories; times held
                               out; written:all = the three) (see taut.tasks.written)
+    written2, written2:FAMILY the same problems with their steps in format 2 (every column alike,
+                              stories worked digit by digit)
     reasoning-gym:NAME        a reasoning-gym task; {task: reasoning-gym:NAME, config: …, levels: …}
                               gives its settings (see taut.tasks.reasoning_gym)
 """
@@ -88,6 +90,7 @@ def _written(spec: str, levels: list[int] | None) -> Task:
 
 register_task("reasoning-gym", _reasoning_gym)
 register_task("written", _written)
+register_task("written2", _written)
 
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:

@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from taut.tasks.base import BUDGET_INSTRUCTION, Problem, Split, TraceAnalysis, Verdict, check_split, split_of
 
 PREFIX = "written"
+FORMATS = {"written": 1, "written2": 2}         # task kind -> the format its steps are written in (module docstring)
 INSTRUCTION = "Think step by step, then give the final answer on its own line as 'Answer: N'."
 COLUMNS = ("Ones", "Tens", "Hundreds", "Thousands", "Ten-thousands", "Hundred-thousands", "Millions")
 DEFAULT_LEVELS = (1, 2, 3, 4)
@@ -79,8 +80,9 @@ MAX_DRAWS = 200_000           # candidate draws per (family, level, split) befor
 
 _ANSWER_LINE = re.compile(r"^[ \t]*(?:\*\*)?answer(?:\*\*)?[ \t]*:(?:\*\*)?(.*)$", re.I | re.M)
 _INTEGER = re.compile(r"0|-?[1-9](?:\d{0,2}(?:,\d{3})+|\d*)")        # no leading zero, thousands commas optional
-_COLUMN_STEP = re.compile(r"^[ \t]*(" + "|".join(COLUMNS) + r")[ \t]*:", re.M)
+_COLUMN_STEP = re.compile(r"^[ \t]*(" + "|".join((*COLUMNS, "Carry")) + r")[ \t]*:", re.M)
 _STORY_STEP = re.compile(r"^[ \t]*(\d+) [+-] \d+ = (\d+)\.?[ \t]*$")
+_STORY_STEP_2 = re.compile(r"^[ \t]*(\d+) ([+-]) (\d+): .*\. \1 \2 \3 = (\d+)\.?[ \t]*$")       # format 2
 
 Counter_ = Callable[[str], int]
 
@@ -99,6 +101,7 @@ class Written:
     level: int
     numbers: tuple[int, ...]        # columns: (a, b); stories: (start, change, change, …); times: (a, m)
     ops: tuple[str, ...] = ()       # columns: ("+",) or ("-",); stories: one per change; times: ("*",) or ("*r",) (reversed order)
+    format: int = 1                 # how the steps are written (module docstring: formats); never part of the key
 
     @property
     def key(self) -> str:
@@ -133,13 +136,13 @@ class Written:
             out, value = [], self.numbers[0]
             for op, n in zip(self.ops, self.numbers[1:]):
                 new = value + n if op == "+" else value - n
-                out.append(f"{value} {op} {n} = {new}.")
+                out.append(f"{value} {op} {n} = {new}." if self.format == 1 else _story_step(value, op, n))
                 value = new
             return out
         a, b = self.numbers
         if self.family == "times":
-            return _times_steps(a, b)
-        return _column_steps(a, b, self.ops[0])
+            return _times_steps(a, b, self.format)
+        return _column_steps(a, b, self.ops[0], self.format)
 
     def necessary_steps(self) -> list[str]:
         return [] if self.direct else self.steps()
@@ -187,52 +190,95 @@ class Written:
                f"{self.answer - b if self.ops[-1] == '+' else self.answer + b}. Correct."
 
 
-def _column_steps(a: int, b: int, op: str) -> list[str]:
+def _column_steps(a: int, b: int, op: str, format: int = 1) -> list[str]:
     """One line per column, each naming the digits it reads from the two numbers (copied just
     before, so a digit is a short, fixed distance back rather than counted from the question's
     right end), in subtraction the comparison that decides the borrow, and the number the
-    written digits make so far (the answer is then the last line's, copied)."""
+    written digits make so far (the answer is then the last line's, copied). Format 2 writes
+    every column alike (its last too: one digit and a carry or borrow, then a `Carry:` line for a
+    carry left over), puts both digits of a comparison before its verdict, and keeps the zeros of
+    `So far` (`_so_far`)."""
     da, db = _digits(a), _digits(b)
     width = max(len(da), len(db))
     da += [0] * (width - len(da))
     db += [0] * (width - len(db))
     out, carry, written = [], 0, ""
     for i in range(width):
-        name, last = COLUMNS[i], i == width - 1
+        name, last = COLUMNS[i], i == width - 1 and format == 1
         head = f"{name}: {a} has {da[i]}, {b} has {db[i]}."
         if op == "+":
             total = da[i] + db[i] + carry
             digit = str(total) if last else str(total % 10)
             written = digit + written
             tail = f"Write {total}." if last else f"Write {total % 10}, carry {total // 10}."
-            out.append(f"{head} {da[i]} + {db[i]} + {carry} = {total}. {tail} So far: {int(written)}.")
+            out.append(f"{head} {da[i]} + {db[i]} + {carry} = {total}. {tail} So far: {_so_far(written, format)}.")
             carry = total // 10
         else:
             top = da[i] - carry
             borrow = int(top < db[i])
             value = top + 10 * borrow - db[i]
             written = str(value) + written
-            if borrow:
+            if format == 1 and borrow:
                 work = f"{da[i]} - {carry} = {top}, less than {db[i]}: borrow, {top + 10} - {db[i]} = {value}."
-            else:
+            elif format == 1:
                 work = f"{da[i]} - {carry} = {top}, not less than {db[i]}: {top} - {db[i]} = {value}."
+            elif borrow:
+                work = f"{da[i]} - {carry} = {top}. {top} vs {db[i]}: less, borrow, {top + 10} - {db[i]} = {value}."
+            else:
+                work = f"{da[i]} - {carry} = {top}. {top} vs {db[i]}: not less, {top} - {db[i]} = {value}."
             tail = f"Write {value}." if last else f"Write {value}, borrow {borrow}."
-            out.append(f"{head} {work} {tail} So far: {int(written)}.")
+            out.append(f"{head} {work} {tail} So far: {_so_far(written, format)}.")
             carry = borrow
+    if format == 2 and op == "+" and carry:
+        out.append(_carry_line(carry, written))
     return out
 
 
-def _times_steps(a: int, m: int) -> list[str]:
+def _carry_line(carry: int, written: str) -> str:
+    """Format 2: the carry left after the last column, written in front."""
+    return f"Carry: {carry}. Write {carry}. So far: {carry}{written}."
+
+
+def _so_far(written: str, format: int) -> str:
+    """The digits written so far: format 1 as a number (a zero in front dropped, so an inner zero
+    is out of sight until a digit comes in front of it: `So far: 76.` on the way to 5076), format
+    2 as written (`So far: 076.`; the answer drops the zeros in front)."""
+    return str(int(written)) if format == 1 else written
+
+
+def _times_steps(a: int, m: int, format: int = 1) -> list[str]:
     da = _digits(a)
     out, carry, written = [], 0, ""
     for i, d in enumerate(da):
         total = d * m + carry
-        last = i == len(da) - 1
+        last = i == len(da) - 1 and format == 1
         written = (str(total) if last else str(total % 10)) + written
         tail = f"Write {total}." if last else f"Write {total % 10}, carry {total // 10}."
-        out.append(f"{COLUMNS[i]}: {a} has {d}. {d} × {m} + {carry} = {total}. {tail} So far: {int(written)}.")
+        out.append(f"{COLUMNS[i]}: {a} has {d}. {d} × {m} + {carry} = {total}. {tail} So far: {_so_far(written, format)}.")
         carry = total // 10
+    if format == 2 and carry:
+        out.append(_carry_line(carry, written))
     return out
+
+
+def _story_step(value: int, op: str, n: int) -> str:
+    """Format 2: one change worked on the ones digit, then the tens (the number of tens, which
+    a borrow or a carry changes by one), then the result: `65 - 6: ones 5 vs 6: less, borrow,
+    15 - 6 = 9; tens 6 - 1 = 5. 65 - 6 = 59.`"""
+    ones, tens = value % 10, value // 10
+    if op == "+":
+        total = ones + n
+        work = f"ones {ones} + {n} = {total}, write {total % 10}, carry {total // 10}; tens {tens} + {total // 10} = {tens + total // 10}"
+        new = value + n
+    else:
+        borrow = int(ones < n)
+        if borrow:
+            work = f"ones {ones} vs {n}: less, borrow, {ones + 10} - {n} = {ones + 10 - n}"
+        else:
+            work = f"ones {ones} vs {n}: not less, {ones} - {n} = {ones - n}"
+        work += f"; tens {tens} - {borrow} = {tens - borrow}"
+        new = value - n
+    return f"{value} {op} {n}: {work}. {value} {op} {n} = {new}."
 
 
 def _digits(n: int) -> list[int]:
@@ -356,12 +402,12 @@ def analyze(problem: Written, response: str, complete: bool, count: Counter_ = w
         if problem.family == "stories":
             value = problem.numbers[0]              # a step continues the chain: it starts from the last step's result
             for line in lines[:first]:
-                step = _STORY_STEP.match(line)
+                step = (_STORY_STEP if problem.format == 1 else _STORY_STEP_2).match(line)
                 if step and int(step.group(1)) == value and len(kept) < len(necessary_steps):
                     kept.append(line.strip())
-                    value = int(step.group(2))
+                    value = int(step.group(step.lastindex))
         else:
-            wanted = COLUMNS[:len(necessary_steps)]
+            wanted = [step.partition(":")[0] for step in necessary_steps]       # the columns (and a format-2 carry)
             seen: set[str] = set()
             for line in lines[:first]:
                 label = _COLUMN_STEP.match(line)
@@ -434,7 +480,9 @@ class WrittenTask:
 
     def __init__(self, families: list[str] | tuple[str, ...], *, name: str = PREFIX,
                  levels: tuple[int, ...] | list[int] | None = None, held_out: bool | None = None,
-                 redundancy: Redundancy = Redundancy()):
+                 redundancy: Redundancy = Redundancy(), format: int = 1):
+        if format not in FORMATS.values():
+            raise ValueError(f"written format {format!r}: formats are {', '.join(map(str, sorted(FORMATS.values())))}")
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
             raise ValueError(f"unknown written family {unknown[0]!r}; families: {', '.join(FAMILIES)}")
@@ -446,6 +494,7 @@ class WrittenTask:
             raise ValueError(f"task {name!r} has levels 1-{min(FAMILIES[f] for f in self.families)}, got {bad}")
         self.held_out = held_out
         self.redundancy = redundancy
+        self.format = format
         self._pools: dict[str, list[list[Problem]]] = {}          # SFT: problems per (family, level), per split
 
     def _is_held_out(self, family: str) -> bool:
@@ -470,6 +519,7 @@ class WrittenTask:
         return out
 
     def _problem(self, p: Written) -> Problem:
+        p = dataclasses.replace(p, format=self.format)
         digest = hashlib.blake2b(p.key.encode(), digest_size=6).hexdigest()
         return Problem(id=f"{p.family}:{p.level}:{digest}", prompt=f"{p.question()}\n\n{INSTRUCTION}", answer=str(p.answer),
                        domain=p.family, difficulty=p.level, held_out=self._is_held_out(p.family), data=p)
@@ -510,5 +560,5 @@ def _written(problem: Problem) -> Written:
 
 
 def load(spec: str, levels: list[int] | None) -> WrittenTask:
-    """The task a `written…` spec names (module docstring)."""
-    return WrittenTask(resolve_families(spec), name=spec, levels=levels)
+    """The task a `written…` or `written2…` spec names (module docstring)."""
+    return WrittenTask(resolve_families(spec), name=spec, levels=levels, format=FORMATS[spec.partition(":")[0]])
