@@ -21,6 +21,7 @@ from taut.tasks.written import (
     WrittenTask,
     analyze,
     draw,
+    error_kind,
     grade,
     resolve_families,
     trace,
@@ -281,6 +282,26 @@ def test_format_2_asks_the_same_problems_and_writes_their_steps_otherwise():
     assert analyze(story, old, complete=True).coverage == 0.0
     with pytest.raises(ValueError, match="formats are 1, 2"):
         WrittenTask(["columns"], format=3)
+
+
+def test_error_kind_names_the_first_step_that_departs_from_the_working():
+    add = Written("columns", 2, (97, 41), ("+",))
+    right = add.minimal_response()
+    assert error_kind(add, right) == "steps right"
+    assert error_kind(add, right.replace("Write 13. So far: 138.", "Write 3, carry 1. So far: 38.")) == "last column as a middle"
+    assert error_kind(add, right.replace("97 has 9, 41 has 4", "97 has 9, 41 has 1")) == "misread digits"
+    assert error_kind(add, right.replace("7 + 1 + 0 = 8", "7 + 1 + 0 = 9")) == "column arithmetic"
+    assert error_kind(add, right.split("\n")[0] + "\nAnswer: 138") == "missing step"
+    sub = Written("columns", 2, (32, 14), ("-",))
+    assert error_kind(sub, sub.minimal_response().replace("2 - 0 = 2, less than 4", "2 - 0 = 2, not less than 4")) == "borrow comparison"
+    two = dataclasses.replace(add, format=2)
+    assert error_kind(two, two.minimal_response().replace("Carry: 1. Write 1. So far: 138.", "")) == "missing step"
+    assert error_kind(two, two.minimal_response().replace("So far: 138.", "So far: 38.")) == "carry line"
+    story = Written("stories", 2, (65, 6, 3), ("-", "+"))
+    assert error_kind(story, "65 - 6 = 61.\n61 + 3 = 64.\nAnswer: 64") == "story step"
+    assert error_kind(story, "65 - 9 = 56.\n56 + 3 = 59.\nAnswer: 59") == "story operands"
+    story2 = dataclasses.replace(story, format=2)
+    assert error_kind(story2, story2.minimal_response().replace("15 - 6 = 9", "15 - 6 = 8")) == "story step"
 
 
 def test_sft_examples_draw_families_uniformly_and_harder_levels_more_often():

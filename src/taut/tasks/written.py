@@ -32,6 +32,13 @@ the digits written so far make (one digit put in front of the last line's number
 is a copy, not a reassembly); a subtraction line states the comparison that decides its borrow (`Tens: 603 has 0, 251 has 5. 0 - 0 = 0, less than 5:
 borrow, 10 - 5 = 5. Write 5, borrow 1. So far: 52.`).
 
+Formats (`Written.format`, task kind `written2` for format 2): the same problems, their steps
+written otherwise. Format 2 writes every column alike (the last one too: `Write 3, carry 1.`, then
+`Carry: 1. Write 1. So far: 138.` for a carry left over), puts both digits of a borrow comparison
+before its verdict (`0 vs 3: less, borrow, 10 - 3 = 7.`), keeps the zeros of `So far` (`076`), and
+works each story change digit by digit (`65 - 6: ones 5 vs 6: less, borrow, 15 - 6 = 9; tens 6 - 1
+= 5. 65 - 6 = 59.`). `error_kind` names where a response first departs from the working.
+
 Grading (`verify`): every `Answer:` line of the response is read (a cut-off response's last,
 unfinished line is not); the response is correct when there is at least one, each holds exactly
 one integer (`838`, `**838**`, `838.`, `1,838`; not `0838`), and they all equal the reference. Two
@@ -430,6 +437,53 @@ def analyze(problem: Written, response: str, complete: bool, count: Counter_ = w
         unneeded_thinking=len(thinking) > len(kept), post_answer_rounds=bool(after), thinks=bool(thinking),
         coverage=coverage,
     )
+
+
+# ---- diagnosis ------------------------------------------------------------------------------------
+_COLUMN_HEAD = re.compile(r"^\s*[\w-]+: (\d+) has (\d+)(?:, (\d+) has (\d+))?\.")
+_STORY_OPERANDS = re.compile(r"^\s*(\d+) ([+-]) (\d+) ?[:=]")
+
+
+def error_kind(problem: Written, response: str) -> str:
+    """Where a response first departs from the reference working: the kind of its first step line that
+    differs (scripts/written_errors.py tallies them over an evaluation):
+
+    misread digits           a column line names other digits than the numbers have
+    last column as a middle  format 1: the last column written `Write d, carry c.` like the others (the
+                             reference writes the whole sum there), the carry then lost
+    borrow comparison        a subtraction column decides the borrow the wrong way
+    column arithmetic        any other difference inside a column line
+    carry line               format 2: the `Carry:` line after the last column wrong or missing
+    story step               a story step whose result is wrong (its operands read right)
+    story operands           a story step that starts from the wrong amount or applies the wrong change
+    missing step             fewer step lines than the working needs, each of them right
+    steps right              every step line right, the answer line wrong (or an answer cut off)
+    """
+    reference = problem.steps()
+    head = response.split("Answer:")[0]
+    if problem.family == "stories":
+        steps = [line.strip() for line in head.split("\n") if _STORY_OPERANDS.match(line)]
+        for got, want in zip(steps, reference):
+            if got != want:
+                misread = _STORY_OPERANDS.match(got).groups() != _STORY_OPERANDS.match(want).groups()
+                return "story operands" if misread else "story step"
+        return "missing step" if len(steps) < len(reference) else "steps right"
+    steps = [line.strip() for line in head.split("\n") if _COLUMN_STEP.match(line)]
+    for i, (got, want) in enumerate(zip(steps, reference)):
+        if got == want:
+            continue
+        if want.startswith("Carry:"):
+            return "carry line"
+        g, w = _COLUMN_HEAD.match(got), _COLUMN_HEAD.match(want)
+        if not g or g.groups() != w.groups():
+            return "misread digits"
+        if problem.format == 1 and i == len(reference) - 1 and re.search(r"(carry|borrow) \d\.", got) \
+                and not re.search(r"(carry|borrow) \d\.", want):
+            return "last column as a middle"
+        if "less" in want and ("not less" in got) != ("not less" in want):
+            return "borrow comparison"
+        return "column arithmetic"
+    return "missing step" if len(steps) < len(reference) else "steps right"
 
 
 # ---- SFT traces -----------------------------------------------------------------------------------
