@@ -59,6 +59,13 @@ def test_an_absurd_prompts_per_step_is_refused_by_the_dry_run():
     assert "at most 4000 prompts" in line and "data.pool_per_level=200" in line
 
 
+def test_the_pool_bound_knows_written_tasks_in_either_format():
+    from taut.preflight import task_bound
+
+    for kind in ("written", "written2"):                 # columns and stories; times is held out
+        assert task_bound(f"{kind}:all", 100, [1, 2]) == task_bound(kind, 100, [1, 2]) == 100 * 2 * 2
+
+
 def test_absurd_rollout_rows_are_refused_by_the_dry_run():
     line = error_line(invoke("train", "--config", "default", "--set", "rl.group_size=1000000000000", "--dry-run"))
     assert "estimated peak memory" in line and "lower rl.group_size (now 1000000000000:" in line

@@ -61,7 +61,7 @@ from taut.tasks.gym.domains import LEVELS, get_domain
 from taut.tasks.gym.task import resolve_domains
 from taut.tasks.gym.vocab import VOCAB
 from taut.tasks.traces import sft_examples
-from taut.tasks.written import DEFAULT_LEVELS, HELD_OUT, resolve_families
+from taut.tasks.written import DEFAULT_LEVELS, FORMATS, HELD_OUT, resolve_families
 
 if TYPE_CHECKING:
     from taut.models.policy import Policy
@@ -199,7 +199,7 @@ def task_bound(spec: TaskSpec, n_per_level: int, levels: list[int] | None) -> in
     kind = spec.partition(":")[0]
     if kind == "reasoning-gym":
         return n_per_level
-    if kind == "written":
+    if kind in FORMATS:                               # written, written2
         families = [f for f in resolve_families(spec) if f not in HELD_OUT]
         return n_per_level * len(families) * len(levels or DEFAULT_LEVELS)
     if kind != "gym":
