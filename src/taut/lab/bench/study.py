@@ -460,17 +460,38 @@ def paired(cells: dict[str, dict[int, dict]], a: str, b: str, mode: str, familie
     """a − b in accuracy problem by problem: within a seed every method answers the same drawn
     problems, so the difference of the two outcomes on each problem, over the seeds both have run,
     leaves out how hard the draw was. Error bar: two standard errors of that mean difference; it
-    decides by the same rule as `compare`. None with fewer than two shared problems."""
+    decides by the same rule as `compare`. The bar covers which problems were drawn, not how far one
+    training run of a method lies from another: `by_seed` holds each seed's own mean difference,
+    whose spread shows that. None with fewer than two shared problems."""
     diffs: list[float] = []
+    by_seed: dict[int, float] = {}
     seeds = sorted(set(cells.get(a, {})) & set(cells.get(b, {})))
     for seed in seeds:
         xa, xb = (_by_problem(cells[m][seed]["outcomes"][mode], families, level) for m in (a, b))
-        diffs += [xa[p][0] - xb[p][0] for p in sorted(xa.keys() & xb.keys())]
+        mine = [xa[p][0] - xb[p][0] for p in sorted(xa.keys() & xb.keys())]
+        if mine:
+            by_seed[seed] = statistics.fmean(mine)
+        diffs += mine
     if len(diffs) < 2:
         return None
     diff, bar = statistics.fmean(diffs), 2 * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return {"n": len(diffs), "seeds": seeds, "difference": diff, "error_bar": bar, "outside": abs(diff) > bar,
-            "decides": abs(diff) > bar or bar <= 0.03}
+    out = {"n": len(diffs), "seeds": seeds, "difference": diff, "error_bar": bar, "outside": abs(diff) > bar,
+           "decides": abs(diff) > bar or bar <= 0.03, "by_seed": by_seed, "seeds_bar": None, "seeds_decides": False}
+    if len(by_seed) >= 2:                     # the runs as the sample: Student's t over the seeds' differences
+        k, values = len(by_seed), list(by_seed.values())
+        seeds_bar = t_975(k - 1) * statistics.stdev(values) / math.sqrt(k)
+        mean = statistics.fmean(values)
+        out |= {"seeds_bar": seeds_bar, "seeds_decides": abs(mean) > seeds_bar or seeds_bar <= 0.03}
+    return out
+
+
+_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+          12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t_975(df: int) -> float:
+    """Student's t at 0.975 for `df` degrees of freedom (the next tabulated df below; 1.96 past 30)."""
+    return _T_975[max(d for d in _T_975 if d <= df)] if df <= 30 else 1.96
 
 
 def against_start(cells: dict[str, dict[int, dict]], method: str, mode: str, families: list[str],
@@ -529,6 +550,15 @@ def _f(value: float | None, spec: str = ".2f") -> str:
 
 def _pct(share: float | None) -> str:
     return f"{_f(None if share is None else 100 * share, '.1f')}%"
+
+
+def _over_seeds(p: dict[str, Any]) -> str:
+    each = " / ".join(f"{100 * d:+.1f}" for d in p["by_seed"].values())
+    if p["seeds_bar"] is None:
+        return f"{each} pts | –"
+    mean = statistics.fmean(p["by_seed"].values())
+    decision = ("yes (apart)" if abs(mean) > p["seeds_bar"] else "yes (tie)") if p["seeds_decides"] else "no"
+    return f"{each} → {100 * mean:+.1f} ± {100 * p['seeds_bar']:.1f} pts | {decision}"
 
 
 def _paired_goal(trained: dict[str, Any] | None, held_out: dict[str, Any] | None) -> str:
@@ -668,15 +698,19 @@ def section(study: Study, tables: dict[str, Any], cells: dict[str, dict[int, dic
                       "error bar 2·√(SE_a² + SE_b²) (the suite's rule); it decides when the difference is outside the bar or "
                       "the bar is ≤ 3 points. Paired: the same difference problem by problem on the seeds both have run (a "
                       "seed's methods answer the same problems), its bar two standard errors of the per-problem difference, "
-                      "the same rule — it leaves out how hard each seed's draw was.",
+                      "the same rule — it leaves out how hard each seed's draw was. Both bars cover which problems were "
+                      "drawn, not how far one training run of a method lies from another. Over seeds: the paired "
+                      "difference seed by seed, their mean ± t₀.₉₇₅·SD/√k over the k seeds (the runs as the sample), and "
+                      "whether that decides by the same rule.",
                       "", "| a | b | difference | error bar | decides | paired: difference ± bar (problems) | paired decides "
-                      "| tokens a / b |", "|---|---|---|---|---|---|---|---|"]
+                      "| over seeds: each seed → mean ± bar | over seeds decides | tokens a / b |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
             for c in t["comparisons"]:
                 p = c.get("paired")
                 lines.append(f"| {c['a']} | {c['b']} | {100 * c['difference']:+.1f} pts | {100 * c['error_bar']:.1f} pts | "
                              f"{_decision(c)} | "
-                             + (f"{100 * p['difference']:+.1f} ± {100 * p['error_bar']:.1f} pts ({p['n']}) | {_decision(p)}"
-                                if p else "– | –") +
+                             + (f"{100 * p['difference']:+.1f} ± {100 * p['error_bar']:.1f} pts ({p['n']}) | {_decision(p)} | "
+                                + _over_seeds(p) if p else "– | – | – | –") +
                              f" | {_f(c['tokens_a'], '.0f')} / {_f(c['tokens_b'], '.0f')} |")
         if t["targets"]:
             lines += ["", "Against the start: shorter by (all trained levels), accuracy at least the start's on every trained "
