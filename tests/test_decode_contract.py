@@ -80,3 +80,35 @@ def test_a_path_that_swaps_rows_breaks_the_contract(bf16_policy, monkeypatch):
     real = decoder.prefill
     monkeypatch.setattr(decoder, "prefill", lambda ids, mask, position, max_new: real(ids, mask, position, max_new).flip(0))
     assert not _check(bf16_policy, decoder).holds
+
+
+def test_a_prompt_shared_by_its_rows_decodes_bit_for_bit_as_one_copied_to_each_row(bf16_policy):
+    """The kernel's shared prompt buffers (one per prompt, its n rows reading it) against one buffer
+    per row holding a copy: the same logits at every step, through the repeat, the growth of the
+    buffers past 64 columns and the dropping of rows."""
+    from taut.rollout.hf import left_padded
+
+    prompts = [bf16_policy.encode_prompt(p) for p in PROMPTS[:3]]
+    ids, mask = left_padded(prompts, bf16_policy.pad_id, bf16_policy.model.device)
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    runs = []
+    for share in (True, False):
+        with bf16_policy.autocast():
+            decoder = fast.FastDecoder(bf16_policy.model, share_prompts=share)
+        assert decoder.native is not None, native_reason()
+        with bf16_policy.autocast():
+            logits = [decoder.prefill(ids, mask, position, 80)]
+            decoder.repeat(4)
+            logits[0] = logits[0].repeat_interleave(4, dim=0)
+            nxt, pos = logits[0].argmax(-1), mask.sum(-1).repeat_interleave(4)
+            for t in range(70):                              # past the first 64 columns: the buffers grow
+                if t == 30:                                  # rows 1, 5 and 10 finished: dropped
+                    keep = torch.tensor([i for i in range(nxt.numel()) if i not in (1, 5, 10)])
+                    decoder.select(keep)
+                    nxt, pos = nxt[keep], pos[keep]
+                logits.append(decoder.step(nxt, pos))
+                nxt, pos = logits[-1].argmax(-1), pos + 1
+        runs.append((decoder.shared, logits))
+    (shared, a), (copied, b) = runs
+    assert shared and not copied
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == len(b) == 71

@@ -88,3 +88,37 @@ def test_the_fused_silu_is_silu_of_the_gate_times_up(native):
     gate, up = gate_up.double().chunk(2, dim=-1)
     expected = torch.nn.functional.silu(gate) * up
     assert torch.allclose(native.silu_mul(gate_up).double(), expected, rtol=2 ** -8, atol=1e-6)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("heads,kv,d,width,t", [(9, 3, 64, 20, 20), (9, 3, 64, 20, 57), (9, 3, 16, 7, 30), (4, 2, 32, 33, 40)])
+def test_a_prompt_shared_by_its_rows_gives_the_same_step_bit_for_bit(native, heads, kv, d, width, t, padded):
+    """decode_attention_shared reads columns < width from the row's prompt's buffer and the rest from
+    its own: the step equals decode_attention's on one buffer per row holding both, bit for bit,
+    for rows in any order (as after finished rows were dropped)."""
+    torch.manual_seed(t * 7 + d)
+    prompts, capacity = 3, 48
+    prompt_of = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0])          # rows of three prompts, some dropped, reordered
+    rows = prompt_of.numel()
+    prompt_keys = torch.randn(prompts, kv, width, d).bfloat16()
+    prompt_values = torch.randn(prompts, kv, width, d).bfloat16()
+    own_keys = torch.randn(rows, kv, capacity, d).bfloat16()
+    own_values = torch.randn(rows, kv, capacity, d).bfloat16()
+    keys = torch.cat([prompt_keys[prompt_of], own_keys], dim=2).contiguous()       # one buffer per row
+    values = torch.cat([prompt_values[prompt_of], own_values], dim=2).contiguous()
+    qkv = torch.randn(rows, (heads + 2 * kv) * d).bfloat16()
+    angle = torch.rand(rows, d) * 6
+    cos, signed_sin = angle.cos(), angle.sin() * torch.cat([-torch.ones(d // 2), torch.ones(d // 2)])
+    valid = torch.ones(rows, width + capacity, dtype=torch.bool)
+    if padded:
+        valid[prompt_of == 1, : width // 2] = False             # a shorter prompt, left-padded
+    mask = valid if padded else valid.new_empty(0)
+
+    expected = native.decode_attention(qkv, cos, signed_sin, keys, values, mask, t, heads, d ** -0.5)
+    out = native.decode_attention_shared(qkv, cos, signed_sin, prompt_keys, prompt_values, prompt_of, own_keys, own_values,
+                                         mask, t, heads, d ** -0.5)
+    assert torch.equal(out, expected)
+    assert torch.equal(own_keys[:, :, t - width], keys[:, :, t]) and torch.equal(own_values[:, :, t - width], values[:, :, t])
+    with pytest.raises(RuntimeError, match="outside the prompts"):
+        native.decode_attention_shared(qkv, cos, signed_sin, prompt_keys, prompt_values, prompt_of + 1, own_keys, own_values,
+                                       mask, t, heads, d ** -0.5)

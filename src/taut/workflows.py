@@ -26,9 +26,9 @@ from taut.tasks import load_task
 from taut.tasks.base import PromptLimit
 from taut.tasks.gym.domains import DOMAINS, LEVELS
 from taut.tasks.gym.task import GymTask, TraceMixture, analyze
+from taut.tasks.written import analyze as analyze_written
 from taut.tasks.written import load as load_written
 from taut.tasks.written import trace
-from taut.tasks.written import analyze as analyze_written
 
 
 def load_for_eval(config: RunConfig, target: Path):

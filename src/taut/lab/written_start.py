@@ -19,7 +19,8 @@
 Every step is a `taut` command, printed before it runs; done steps are skipped, so a cut run
 continues where it stopped.
 
-    python -m taut.lab.written_start --out runs/written [--n 300] [--workers 2] [--rank R] [--ship] [--doc [PATH]]
+    python -m taut.lab.written_start --out runs/written [--n 300] [--n-sampled N] [--n-rl N] [--workers 2] [--rank R]
+        [--ship] [--doc [PATH]]
         [--sft RECIPE --control RECIPE]      another start: e.g. the second format's (builtin:real/smollm2-written2-*)
 """
 
@@ -89,8 +90,13 @@ def table(reports: dict[str, dict], sft_curve: list[dict]) -> str:
                 f"{fmt(g.get('tokens_mean'), '.0f')} | {fmt(g.get('redundancy'))} | {fmt(g.get('necessary_tokens_mean'), '.0f')} | "
                 f"{fmt(direct_share)} | {fmt(d.get('accuracy'))} | {fmt(s.get('accuracy'))} | {fmt(s.get('tokens_mean'), '.0f')} | "
                 f"{fmt(s.get('redundancy'))} | {fmt(r.get('accuracy'))} | {fmt(r.get('tokens_mean'), '.0f')} | {fmt(r.get('redundancy'))} |")
-    n = cell(reports["greedy"], "columns", 1).get("n_problems")
-    lines += ["", f"Test split, {n} problems per family and level; tokens: mean response tokens (SmolLM2's tokenizer); "
+    n = {name: cell(r, "columns", 1).get("n_problems") for name, r in reports.items()}
+    sizes = f"{n.get('greedy')} problems per family and level"
+    others = [f"{label} on the first {n[name]}" for name, label in (("sampled", "sampled"), ("rl", "after RL"))
+              if n.get(name) not in (None, n.get("greedy"))]
+    if others:
+        sizes += f" greedy and forced direct, {' and '.join(others)} of them"
+    lines += ["", f"Test split, {sizes}; tokens: mean response tokens (SmolLM2's tokenizer); "
               "redundant share: the oracle's redundant tokens / tokens; direct answers: responses with no thinking.", ""]
     if sft_curve:
         lines.append("SFT validation loss: " + ", ".join(f"{r['step']}: {r['val_loss']:.4f}" for r in sft_curve))
@@ -141,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/written"))
     parser.add_argument("--n", type=int, default=300, help="test problems per family and level")
+    parser.add_argument("--n-sampled", type=int, default=None, help="for the sampled evaluation (default: --n)")
+    parser.add_argument("--n-rl", type=int, default=None, help="for the RL check's evaluation (default: --n)")
     parser.add_argument("--skip-rl", action="store_true", help="stop after the start's evaluations")
     parser.add_argument("--workers", type=int, default=1, help="commands run side by side after the SFT, one thread each")
     parser.add_argument("--rank", type=int, default=0, help="cut a full fine-tune to this rank (taut export --rank) and "
@@ -183,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             resume = (rl / "checkpoints").is_dir()
             times["rl"] = taut("train", *(["--resume", str(rl)] if resume else
                                          ["--config", control, "--set", f"model.path={start_model}", *sets(threads), "--out", str(rl)]))
-        reports["rl"] = evaluate(rl, control, "greedy", out / "eval" / "control20-greedy.json", args.n, threads)
+        reports["rl"] = evaluate(rl, control, "greedy", out / "eval" / "control20-greedy.json", args.n_rl or args.n, threads)
 
     def start(mode: str) -> None:
-        reports[mode] = evaluate(start_model, sft_recipe, mode, out / "eval" / f"start-{mode}.json", args.n, threads)
+        n = (args.n_sampled or args.n) if mode == "sampled" else args.n
+        reports[mode] = evaluate(start_model, sft_recipe, mode, out / "eval" / f"start-{mode}.json", n, threads)
 
     def full() -> None:       # the full fine-tune the adapter was cut from, on the first 100 of the same problems
         reports["full"] = evaluate(sft, sft_recipe, "greedy", out / "eval" / "full-greedy.json", min(args.n, FULL_N), threads)

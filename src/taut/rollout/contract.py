@@ -43,6 +43,7 @@ def bf16_units(deviation: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return deviation / torch.exp2(torch.floor(torch.log2(scale)) - 7)
 
 
+@torch.inference_mode()
 def greedy_trace(cache, ids: torch.Tensor, mask: torch.Tensor, steps: int, autocast=contextlib.nullcontext):
     """Greedy decoding through a decode path's cache object (`FastDecoder`, or the generic
     path's): the tokens [R, steps] and the logits each was chosen from [R, steps, V] (fp32)."""

@@ -18,7 +18,10 @@ compiled kernels (taut.rollout.native) when they can be had.
 
 Rows advance in lockstep: at decode step t every row writes column W + t, where W is the
 (left-padded) prompt width; per-row positions drive the rotary embedding and a per-row mask
-hides the padding. The buffers start with room for 64 new tokens and double when full, so a
+hides the padding. With the kernel, the prompt's columns are kept once per prompt and shared by
+the rows sampled from it (a group's rollouts), each row's own buffers holding only what it
+generated: the prompt's keys and values are read from memory once a group per step, not once a
+row. The buffers start with room for 64 new tokens and double when full, so a
 long cap costs memory only when responses are long. A model wrapped by peft with plain LoRA
 adapters takes this path with each adapter folded into its layer's weight for the generate
 call (W + scale·B·A): the same function, rounded differently from the adapter's own products,
@@ -91,7 +94,7 @@ def _fused_layer(layer, weight, cast) -> dict[str, torch.Tensor | None]:
 
 
 class FastDecoder:
-    def __init__(self, model, pack: bool = True, native: bool = True):
+    def __init__(self, model, pack: bool = True, native: bool = True, share_prompts: bool = True):
         model = unwrap(model)                # the forward of a peft model's base model applies the adapters
         self.model = model
         self.inner = model.model
@@ -132,6 +135,15 @@ class FastDecoder:
         plain = (not hasattr(attn, "q_norm") and self.head_dim % 16 == 0 and device == "cpu"
                  and self.inner.norm.weight.dtype == torch.float32)          # fp32 weights, bf16 products
         self.native = native_kernel() if native and plain and low == torch.bfloat16 else None
+        # With the kernel, the prompt's keys and values live once per prompt (`pk`, `pv`: [P, kv, W, D]),
+        # shared by the rows sampled from it (`prompt_of`), and a row's own buffers hold only the columns
+        # it generated (column W + j at j): a group's rollouts read their prompt once from memory, not once
+        # each (the same step, bit for bit: decode_attention_shared). Without it, one buffer per row.
+        self.shared = self.native is not None and share_prompts
+        self.pk: list[torch.Tensor] = []
+        self.pv: list[torch.Tensor] = []
+        self.prompt_of: torch.Tensor | None = None
+        self.base = 0                                    # the first column a row's own buffers hold
 
         head, head_bias = _weight(model.lm_head)
         self.head, self.head_bias = weight(head), cast(head_bias)
@@ -152,11 +164,17 @@ class FastDecoder:
         self.limit = width + max_new
         capacity = min(self.limit, width + 64)           # grown on demand (doubling): long caps cost memory only when used
         self.k, self.v = [], []
+        self.base = width if self.shared else 0
+        if self.shared:
+            self.pk = [layer.keys.to(self.low).contiguous() for layer in cache.layers]
+            self.pv = [layer.values.to(self.low).contiguous() for layer in cache.layers]
+            self.prompt_of = torch.arange(rows, device=ids.device)
         for layer in cache.layers:
-            k = layer.keys.new_zeros((rows, self.n_kv, capacity, self.head_dim), dtype=self.low or layer.keys.dtype)
+            k = layer.keys.new_zeros((rows, self.n_kv, capacity - self.base, self.head_dim), dtype=self.low or layer.keys.dtype)
             v = torch.zeros_like(k)
-            k[:, :, :width] = layer.keys
-            v[:, :, :width] = layer.values
+            if not self.shared:
+                k[:, :, :width] = layer.keys
+                v[:, :, :width] = layer.values
             self.k.append(k)
             self.v.append(v)
         self.valid = torch.zeros((rows, capacity), dtype=torch.bool, device=ids.device)
@@ -166,12 +184,12 @@ class FastDecoder:
         return logits
 
     def _grow(self) -> None:
-        t = self.length
+        t, base = self.length, self.base
         capacity = min(self.limit, 2 * self.valid.shape[1])
         for buffers in (self.k, self.v):
             for i, buf in enumerate(buffers):
-                bigger = buf.new_zeros((buf.shape[0], buf.shape[1], capacity, buf.shape[3]))
-                bigger[:, :, :t] = buf[:, :, :t]
+                bigger = buf.new_zeros((buf.shape[0], buf.shape[1], capacity - base, buf.shape[3]))
+                bigger[:, :, : t - base] = buf[:, :, : t - base]
                 buffers[i] = bigger
         valid = self.valid.new_zeros((self.valid.shape[0], capacity))
         valid[:, :t] = self.valid[:, :t]
@@ -181,16 +199,20 @@ class FastDecoder:
         self.k = [k.repeat_interleave(n, dim=0) for k in self.k]
         self.v = [v.repeat_interleave(n, dim=0) for v in self.v]
         self.valid = self.valid.repeat_interleave(n, dim=0)
+        if self.shared:                                  # the prompt's buffers stay one per prompt
+            self.prompt_of = self.prompt_of.repeat_interleave(n)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep rows `index`; only the columns written so far are copied."""
-        t = self.length
+        t, base = self.length, self.base
         for buffers in (self.k, self.v):
             for i, buf in enumerate(buffers):
                 kept = buf.new_empty((index.numel(), *buf.shape[1:]))
-                kept[:, :, :t] = buf[index, :, :t]
+                kept[:, :, : t - base] = buf[index, :, : t - base]
                 buffers[i] = kept
         self.valid = self.valid.index_select(0, index)
+        if self.shared:
+            self.prompt_of = self.prompt_of.index_select(0, index)
 
     def _rotary(self, position: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and the signed sin [A, 1, D] of each row's position: rotate_half(x) · sin, as
@@ -268,7 +290,11 @@ class FastDecoder:
         for i, w in enumerate(self.layers):
             h = native.add_rms_norm(x, delta, w["ln1"], self.eps)               # x += the last layer's MLP output
             qkv = self._linear(h, w["qkv"], w["qkv_bias"])
-            out = native.decode_attention(qkv, cos, sin, self.k[i], self.v[i], visible, t, self.n_heads, self.scaling)
+            if self.shared:
+                out = native.decode_attention_shared(qkv, cos, sin, self.pk[i], self.pv[i], self.prompt_of, self.k[i], self.v[i],
+                                                     visible, t, self.n_heads, self.scaling)
+            else:
+                out = native.decode_attention(qkv, cos, sin, self.k[i], self.v[i], visible, t, self.n_heads, self.scaling)
             h = native.add_rms_norm(x, self._linear(out, w["o"], w["o_bias"]), w["ln2"], self.eps)
             delta = self._linear(native.silu_mul(self._linear(h, w["gate_up"])), w["down"])
         self.length = t + 1

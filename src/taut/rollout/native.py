@@ -9,6 +9,8 @@ The elementwise work of the fast path's decode step under bf16 autocast, fused:
   two cache writes and `scaled_dot_product_attention`'s CPU flash kernel, which spends most of a
   step on two tiny oneDNN products per row and head (docs/performance-log.md, "How close generation
   can come under its exactness test").
+- `decode_attention_shared`: the same with the prompt's columns in one buffer per prompt, which
+  the rows sampled from it share (the same step bit for bit, the prompt read once a group).
 - `add_rms_norm`: the residual add, the next RMS norm and its cast to bf16 in one pass.
 - `silu_mul`: SiLU of the gate times `up`, in one pass.
 

@@ -6,6 +6,13 @@
 // head's G query heads sharing each key and value row read. Arithmetic in fp32 (bf16 inputs
 // widened exactly); the output rounded to bf16 once. One work item per (row, key/value head),
 // split over torch's threads.
+//
+// decode_attention_shared: the same, with the prompt's columns read from one buffer per prompt
+// that the rows sampled from it share (a group's n rollouts), and each row's own buffer holding
+// only the columns it generated. Column j < W of row r is column j of its prompt's buffer, column
+// j >= W column j - W of its own: the same values in the same order as one buffer per row holding
+// both, so the same result bit for bit, with the prompt's keys and values read from memory once
+// per group instead of once per row.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -72,7 +79,9 @@ inline __m512 sum16(const __m512* v) {
 
 // scores[g * T + j] = s · q_g · k_j for j < T: bf16 pairs multiplied exactly and summed in fp32,
 // sixteen keys at a time; q holds G heads of D (a multiple of 32) bf16 values
-inline void scores_avx512(const uint16_t* q, const uint16_t* k, const uint16_t* vpre, int64_t T, int64_t G, int64_t D, float s, float* scores) {
+// (scores[g * stride + j]: a segment of a longer row of scores)
+inline void scores_avx512(const uint16_t* q, const uint16_t* k, const uint16_t* vpre, int64_t T, int64_t G, int64_t D, float s, float* scores,
+                          int64_t stride) {
   constexpr int64_t MAXG = 8, MAXC = 8;           // up to 8 query heads per kv head, head_dim up to 256
   __m512bh qv[MAXG][MAXC];
   const int64_t chunks = D / 32;
@@ -94,13 +103,15 @@ inline void scores_avx512(const uint16_t* q, const uint16_t* k, const uint16_t* 
     }
     const int64_t n = std::min<int64_t>(16, T - j0);
     const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
-    for (int64_t g = 0; g < G; ++g) _mm512_mask_storeu_ps(scores + g * T + j0, keep, _mm512_mul_ps(sum16(acc[g]), scale));
+    for (int64_t g = 0; g < G; ++g) _mm512_mask_storeu_ps(scores + g * stride + j0, keep, _mm512_mul_ps(sum16(acc[g]), scale));
   }
 }
 
-// acc_g += p_g[j] · v_j over j < T, fp32; the accumulators hold each 128-bit lane's eight values
-// as two interleaved halves (unpacked against zero), put back in order at the end
-inline void values_avx512(const float* p, const uint16_t* v, const bool* ok, int64_t T, int64_t G, int64_t D, float* out) {
+// acc_g += p_g[j] · v_j over j < T, fp32, the values of columns j < W from vp and of j >= W from
+// v (column j - W); the accumulators hold each 128-bit lane's eight values as two interleaved
+// halves (unpacked against zero), put back in order at the end
+inline void values_avx512(const float* p, const uint16_t* vp, int64_t W, const uint16_t* v, const bool* ok, int64_t T, int64_t G,
+                          int64_t D, float* out) {
   constexpr int64_t MAXG = 8, MAXC = 8;
   __m512 lo[MAXG][MAXC], hi[MAXG][MAXC];
   const int64_t chunks = D / 32;
@@ -109,8 +120,9 @@ inline void values_avx512(const float* p, const uint16_t* v, const bool* ok, int
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t j = 0; j < T; ++j) {
     if (ok && !ok[j]) continue;
+    const uint16_t* vj = j < W ? vp + j * D : v + (j - W) * D;
     for (int64_t c = 0; c < chunks; ++c) {
-      const __m512i x = _mm512_loadu_si512(v + j * D + c * 32);
+      const __m512i x = _mm512_loadu_si512(vj + c * 32);
       const __m512 a = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)), b = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x));
       for (int64_t g = 0; g < G; ++g) {
         const __m512 w = _mm512_set1_ps(p[g * T + j]);
@@ -136,9 +148,14 @@ inline void values_avx512(const float* p, const uint16_t* v, const bool* ok, int
 
 }  // namespace
 
-torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
-                               torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& valid,
-                               int64_t t, int64_t n_heads, double scale) {
+namespace {
+
+// The step for rows whose columns j < W are those of their prompt's buffer (pk, pv: [P, KV, W, D];
+// W = 0: none) and j >= W those of their own (keys, values: [A, KV, C, D], the new column at t - W).
+torch::Tensor attend(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                     const torch::Tensor& prompt_keys, const torch::Tensor& prompt_values, const torch::Tensor& prompt_of,
+                     torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& valid,
+                     int64_t t, int64_t n_heads, double scale) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == torch::kBFloat16 && qkv.is_contiguous(),
               "qkv: contiguous bf16 [rows, (heads + 2 kv heads) * head_dim]");
   TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == torch::kBFloat16 && keys.is_contiguous() &&
@@ -147,21 +164,38 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   const int64_t A = keys.size(0), KV = keys.size(1), C = keys.size(2), D = keys.size(3);
   TORCH_CHECK(D % LANES == 0 && n_heads % KV == 0 && qkv.size(0) == A && qkv.size(1) == (n_heads + 2 * KV) * D,
               "qkv's width must be (heads + 2 kv heads) * head_dim, head_dim a multiple of 16");
-  TORCH_CHECK(0 <= t && t < C, "column t outside the cache");
+  const bool shared = prompt_keys.numel() > 0;
+  int64_t W = 0, P = 0;
+  if (shared) {
+    TORCH_CHECK(prompt_keys.dim() == 4 && prompt_keys.scalar_type() == torch::kBFloat16 && prompt_keys.is_contiguous() &&
+                    prompt_values.sizes() == prompt_keys.sizes() && prompt_values.scalar_type() == torch::kBFloat16 &&
+                    prompt_values.is_contiguous() && prompt_keys.size(1) == KV && prompt_keys.size(3) == D,
+                "prompt_keys, prompt_values: contiguous bf16 [prompts, kv heads, prompt width, head_dim]");
+    TORCH_CHECK(prompt_of.scalar_type() == torch::kLong && prompt_of.is_contiguous() && prompt_of.numel() == A,
+                "prompt_of: contiguous int64 [rows], each row's prompt");
+    P = prompt_keys.size(0);
+    W = prompt_keys.size(2);
+  }
+  TORCH_CHECK(W <= t && t - W < C, "column t outside the cache");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && signed_sin.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
                   signed_sin.is_contiguous() && cos.numel() == A * D && signed_sin.numel() == A * D,
               "cos, signed_sin: contiguous float32 [rows, head_dim]");
   const bool* visible = nullptr;
   if (valid.numel()) {
-    TORCH_CHECK(valid.scalar_type() == torch::kBool && valid.is_contiguous() && valid.size(0) == A && valid.size(1) == C,
-                "valid: contiguous bool [rows, capacity]");
+    TORCH_CHECK(valid.scalar_type() == torch::kBool && valid.is_contiguous() && valid.size(0) == A && valid.size(1) == W + C,
+                "valid: contiguous bool [rows, prompt width + capacity]");
     visible = valid.data_ptr<bool>();
   }
-  const int64_t G = n_heads / KV, T = t + 1, width = qkv.size(1);
+  const int64_t* owner = shared ? prompt_of.data_ptr<int64_t>() : nullptr;
+  if (shared)
+    for (int64_t r = 0; r < A; ++r) TORCH_CHECK(0 <= owner[r] && owner[r] < P, "prompt_of: a row's prompt outside the prompts");
+  const int64_t G = n_heads / KV, T = t + 1, width = qkv.size(1), own = t - W;
   auto out = torch::empty({A, n_heads * D}, qkv.options());
   const auto* in = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
   auto* kc = reinterpret_cast<uint16_t*>(keys.data_ptr());
   auto* vc = reinterpret_cast<uint16_t*>(values.data_ptr());
+  const auto* pkc = shared ? reinterpret_cast<const uint16_t*>(prompt_keys.data_ptr()) : nullptr;
+  const auto* pvc = shared ? reinterpret_cast<const uint16_t*>(prompt_values.data_ptr()) : nullptr;
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   const float* cs = cos.data_ptr<float>();
   const float* sn = signed_sin.data_ptr<float>();
@@ -178,20 +212,23 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
       const uint16_t* x = in + r * width;
       uint16_t* kr = kc + item * C * D;
       uint16_t* vr = vc + item * C * D;
+      const uint16_t* pk = shared ? pkc + (owner[r] * KV + h) * W * D : nullptr;
+      const uint16_t* pv = shared ? pvc + (owner[r] * KV + h) * W * D : nullptr;
       const float* c = cs + r * D;
       const float* sg = sn + r * D;
       rotate(x + (n_heads + h) * D, c, sg, k_new.data(), D);
-      for (int64_t d = 0; d < D; ++d) kr[t * D + d] = narrow(k_new[d]);
-      std::memcpy(vr + t * D, x + (n_heads + KV + h) * D, sizeof(uint16_t) * D);
+      for (int64_t d = 0; d < D; ++d) kr[own * D + d] = narrow(k_new[d]);
+      std::memcpy(vr + own * D, x + (n_heads + KV + h) * D, sizeof(uint16_t) * D);
       for (int64_t g = 0; g < G; ++g) rotate(x + (h * G + g) * D, c, sg, q.data() + g * D, D);
       for (int64_t e = 0; e < G * D; ++e) {         // queries in bf16, as the keys they meet
         qb[e] = narrow(q[e]);
         q[e] = widen(qb[e]);
       }
-      const bool* ok = visible ? visible + r * C : nullptr;
+      const bool* ok = visible ? visible + r * (W + C) : nullptr;
 #ifdef TAUT_AVX512_BF16
       if (fast) {
-        scores_avx512(qb.data(), kr, vr, T, G, D, s, score.data());
+        if (W) scores_avx512(qb.data(), pk, pv, W, G, D, s, score.data(), T);
+        scores_avx512(qb.data(), kr, vr, T - W, G, D, s, score.data() + W, T);
         if (ok)
           for (int64_t j = 0; j < T; ++j)
             if (!ok[j])
@@ -203,7 +240,8 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
           for (int64_t g = 0; g < G; ++g) score[g * T + j] = HIDDEN;   // whose exp is exactly 0
           continue;
         }
-        for (int64_t d = 0; d < D; ++d) row[d] = widen(kr[j * D + d]);
+        const uint16_t* kj = j < W ? pk + j * D : kr + (j - W) * D;
+        for (int64_t d = 0; d < D; ++d) row[d] = widen(kj[d]);
         for (int64_t g = 0; g < G; ++g) score[g * T + j] = dot(q.data() + g * D, row.data(), D) * s;
       }
       for (int64_t g = 0; g < G; ++g) {
@@ -219,14 +257,15 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
         for (int64_t j = 0; j < T; ++j) p[j] *= inv;
       }
 #ifdef TAUT_AVX512_BF16
-      if (fast) values_avx512(score.data(), vr, ok, T, G, D, acc.data()); else {
+      if (fast) values_avx512(score.data(), pv, W, vr, ok, T, G, D, acc.data()); else {
 #else
       {
 #endif
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < T; ++j) {
         if (ok && !ok[j]) continue;
-        for (int64_t d = 0; d < D; ++d) row[d] = widen(vr[j * D + d]);
+        const uint16_t* vj = j < W ? pv + j * D : vr + (j - W) * D;
+        for (int64_t d = 0; d < D; ++d) row[d] = widen(vj[d]);
         for (int64_t g = 0; g < G; ++g) {
           const float p = score[g * T + j];
           float* a = acc.data() + g * D;
@@ -239,6 +278,24 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
     }
   });
   return out;
+}
+
+}  // namespace
+
+torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                               torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& valid,
+                               int64_t t, int64_t n_heads, double scale) {
+  const auto none = torch::empty({0}, keys.options());
+  return attend(qkv, cos, signed_sin, none, none, torch::empty({0}, keys.options().dtype(torch::kLong)), keys, values, valid, t,
+                n_heads, scale);
+}
+
+torch::Tensor decode_attention_shared(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                                      const torch::Tensor& prompt_keys, const torch::Tensor& prompt_values,
+                                      const torch::Tensor& prompt_of, torch::Tensor& keys, torch::Tensor& values,
+                                      const torch::Tensor& valid, int64_t t, int64_t n_heads, double scale) {
+  TORCH_CHECK(prompt_keys.numel() > 0, "prompt_keys: at least one prompt column (decode_attention takes none)");
+  return attend(qkv, cos, signed_sin, prompt_keys, prompt_values, prompt_of, keys, values, valid, t, n_heads, scale);
 }
 
 // x += delta (in place, fp32), then the RMS norm of x times weight, rounded to bf16 once: a
@@ -290,6 +347,8 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "rotary, cache write and single-query attention for one decode step");
+  m.def("decode_attention_shared", &decode_attention_shared,
+        "decode_attention with the prompt's columns in one buffer per prompt, shared by the rows sampled from it");
   m.def("add_rms_norm", &add_rms_norm, "x += delta; RMS norm of x times weight, in bf16");
   m.def("silu_mul", &silu_mul, "silu(gate) * up, in bf16");
 }
