@@ -3,6 +3,7 @@ the first step line that differs from the reference working (docs/smollm2-writte
 the first start goes wrong").
 
     python scripts/written_errors.py RUN/eval/start-greedy.samples.jsonl [--spec written:all] [--seed 0] [--n 300]
+    python scripts/written_errors.py A.samples.jsonl --against B.samples.jsonl     two evaluations on the same problems
 
 The samples file is the one `taut eval … --out X.json` writes beside X.json (X.samples.jsonl); `--spec`,
 `--seed` and `--n` must name the task, seed and problems per level the evaluation drew (its recipe's
@@ -27,7 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n", type=int, default=300, help="problems per family and level the evaluation drew")
     parser.add_argument("--levels", default="1,2,3,4")
+    parser.add_argument("--against", type=Path, help="another evaluation's samples (say, the other format's start on the "
+                        "same problems): both accuracies per family and level on the problems both answered, instead")
     args = parser.parse_args(argv)
+    if args.against:
+        return compare(args.samples, args.against)
     task = load(args.spec, [int(x) for x in args.levels.split(",")])
     problems = {p.id: p.data for p in task.problems("test", args.n, seed=args.seed)}
     counts: dict[tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
@@ -48,6 +53,25 @@ def main(argv: list[str] | None = None) -> None:
     for cell in sorted(totals):
         c = counts[cell]
         print(f"| {cell[0]} / {cell[1]} | {totals[cell]} | {sum(c.values())} | " + " | ".join(str(c[k]) for k in names) + " |")
+
+
+def compare(one: Path, other: Path) -> None:
+    """Accuracy of two evaluations per family and level on the problems both answered (one sample each)."""
+    def read(path: Path) -> dict[str, dict]:
+        with path.open() as f:
+            return {row["problem_id"]: row for row in map(json.loads, filter(str.strip, f))}
+
+    a, b = read(one), read(other)
+    shared = sorted(a.keys() & b.keys())
+    cells = sorted({(a[i]["domain"], a[i]["difficulty"]) for i in shared})
+    print(f"| family / level | problems | {one} | {other} | difference | tokens |")
+    print("|---|---|---|---|---|---|")
+    for cell in cells:
+        ids = [i for i in shared if (a[i]["domain"], a[i]["difficulty"]) == cell]
+        acc = [sum(x[i]["correct"] for i in ids) / len(ids) for x in (a, b)]
+        tokens = [sum(x[i]["length"] for i in ids) / len(ids) for x in (a, b)]
+        print(f"| {cell[0]} / {cell[1]} | {len(ids)} | {acc[0]:.2f} | {acc[1]:.2f} | {100 * (acc[0] - acc[1]):+.1f} pts | "
+              f"{tokens[0]:.0f} / {tokens[1]:.0f} |")
 
 
 if __name__ == "__main__":
