@@ -539,7 +539,7 @@ def _by_problem(path: Path, families: list[str], level: int | None, held_out: bo
 
 
 def _seed_counts(study: Study) -> str:
-    """"3", or "3–4" where some methods run more seeds."""
+    """The seeds a method runs: 3, or a range like 3–5 where some methods run more."""
     counts = sorted({len(method_seeds(study, m)) for m in study.methods})
     return "–".join(map(str, counts[:1] + counts[-1:] if len(counts) > 1 else counts))
 
