@@ -3,6 +3,8 @@ not yet made shown as –, and the start's targets judged from what is there."""
 
 import json
 
+import pytest
+
 from taut.lab import written_start
 
 
@@ -28,9 +30,5 @@ def test_the_table_is_written_from_the_evaluations_made_so_far(tmp_path, capsys)
     assert "columns: level 1 0.95 (≥ 0.90: met); level 4 0.47 (≥ 0.50: NOT met)\n" in text and "forced direct loses" not in text
     assert "after 20 steps of correctness-only RL: 0.35 (≥ 0.30: met)" in text
     (out / "eval" / "start-greedy.json").unlink()
-    try:
+    with pytest.raises(SystemExit, match="no greedy evaluation"):
         written_start.main(["--out", str(out), "--report-only"])
-    except SystemExit as stop:
-        assert "no greedy evaluation" in str(stop)
-    else:
-        raise AssertionError("a table without the greedy evaluation")
