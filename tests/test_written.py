@@ -36,7 +36,7 @@ def replay(problem: Written) -> int:
     digits, highest column first; stories: the last step's result)."""
     steps = problem.steps()
     if problem.family == "stories":
-        if problem.format == 2:        # each change's digit work: the ones digit written, the tens, then the result
+        if problem.format >= 2:        # each change's digit work: the ones digit written, the tens, then the result
             for step in steps:
                 value, op, n = re.match(r"(\d+) ([+-]) (\d+):", step).groups()
                 ones = re.search(r"(?:write |= )(\d)(?:, carry|; tens)", step).group(1)
@@ -44,6 +44,9 @@ def replay(problem: Written) -> int:
                 result = int(re.search(r"= (\d+)\.$", step).group(1))
                 assert result == (int(value) + int(n) if op == "+" else int(value) - int(n)) == int(tens + ones)
         return int(re.search(r"= (\d+)\.$", steps[-1]).group(1))
+    if problem.format >= 3:            # the plan names the columns the lines then work, in order
+        assert steps[0] == f"Columns: {', '.join(s.partition(':')[0] for s in steps[1:] if not s.startswith('Carry:'))}."
+        steps = steps[1:]
     written = [re.search(r"Write (\d+)", s).group(1) for s in steps]
     so_far = [re.search(r"So far: (\d+)\.$", s).group(1) for s in steps]
     if problem.format == 1:
@@ -54,7 +57,7 @@ def replay(problem: Written) -> int:
     return int("".join(reversed(written)))
 
 
-@pytest.mark.parametrize("format", [1, 2])
+@pytest.mark.parametrize("format", [1, 2, 3])
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_steps_compute_the_answer_and_levels_have_their_size(family, level, format):
@@ -62,17 +65,19 @@ def test_the_steps_compute_the_answer_and_levels_have_their_size(family, level, 
     for _ in range(300):
         p = dataclasses.replace(draw(family, level, rng), format=format)
         assert replay(p) == p.answer >= 0
-        carried = format == 2 and p.steps()[-1].startswith("Carry:")       # format 2: a carry left over has a line
+        carry_line = format >= 2 and p.steps()[-1].startswith("Carry:")     # formats 2, 3: a carry left over has a line
+        plan = format == 3 and family != "stories"                          # format 3: the columns named first
+        extra = carry_line + plan                                           # lines beyond one per column
         if family == "stories":
             assert len(p.steps()) == level and all(1 <= n <= 9 for n in p.numbers[1:])
         elif family == "times":
-            assert len(str(p.numbers[0])) == level + 1 and 2 <= p.numbers[1] <= 9 and len(p.steps()) == level + 1 + carried
+            assert len(str(p.numbers[0])) == level + 1 and 2 <= p.numbers[1] <= 9 and len(p.steps()) == level + 1 + extra
         elif level == 1:             # one column of work: no carry, no borrow
             a, b = p.numbers
-            assert b < 10 and a < 1000 and (a % 10 + b < 10 if p.ops == ("+",) else a % 10 >= b) and not carried
+            assert b < 10 and a < 1000 and (a % 10 + b < 10 if p.ops == ("+",) else a % 10 >= b) and not carry_line
         else:
-            assert max(len(str(n)) for n in p.numbers) == level and len(p.steps()) == level + carried
-        assert carried == (format == 2 and family != "stories" and len(str(p.answer)) > len(p.steps()) - carried)
+            assert max(len(str(n)) for n in p.numbers) == level and len(p.steps()) == level + extra
+        assert carry_line == (format >= 2 and family != "stories" and len(str(p.answer)) > len(p.steps()) - extra)
         assert p.direct == (family != "times" and level == 1)
         assert p.necessary_steps() == ([] if p.direct else p.steps())
 
@@ -280,8 +285,33 @@ def test_format_2_asks_the_same_problems_and_writes_their_steps_otherwise():
     story = Written("stories", 2, (65, 6, 3), ("-", "+"), format=2)
     old = "65 - 6 = 59.\n59 + 3 = 62.\nAnswer: 62"
     assert analyze(story, old, complete=True).coverage == 0.0
-    with pytest.raises(ValueError, match="formats are 1, 2"):
-        WrittenTask(["columns"], format=3)
+    with pytest.raises(ValueError, match="formats are 1, 2, 3"):
+        WrittenTask(["columns"], format=4)
+
+
+def test_format_3_names_the_columns_first_and_the_oracle_counts_the_plan_necessary():
+    two, three = (load_task(spec, list(LEVELS)) for spec in ("written2:all", "written3:all"))
+    p2, p3 = (t.problems("test", 30, seed=3) for t in (two, three))
+    assert [(p.id, p.prompt, p.answer) for p in p2] == [(p.id, p.prompt, p.answer) for p in p3]
+    for a, b in zip(p2, p3):
+        plan = b.data.family != "stories"
+        assert b.data.steps() == ([f"Columns: {', '.join(COLUMNS[:max(len(str(n)) for n in b.data.numbers[:1 if b.data.family == 'times' else 2])])}."]
+                                  if plan else []) + a.data.steps()
+        analysis = three.analyze(b, b.data.minimal_response(), True)
+        assert analysis.correct and analysis.redundant_tokens == 0
+    # a level-1 sum of a three-digit number and one digit: three columns, named before the first
+    short = Written("columns", 1, (482, 5), ("+",), format=3)
+    assert short.steps()[0] == "Columns: Ones, Tens, Hundreds." and len(short.steps()) == 4
+    assert Written("times", 1, (47, 6), ("*",), format=3).steps()[0] == "Columns: Ones, Tens."
+    # on a level where the steps are necessary, a response without the plan misses one of them
+    hard = Written("columns", 3, (482, 356), ("+",), format=3)
+    without = "\n".join(hard.minimal_response().split("\n")[1:])
+    assert analyze(hard, without, complete=True).coverage == 3 / 4
+    assert error_kind(hard, without) == "column plan"
+    assert error_kind(hard, hard.minimal_response().replace("Hundreds.", "Hundreds, Thousands.", 1)) == "column plan"
+    # the traces never re-check the plan line
+    rng = random.Random(0)
+    assert not any("step: Columns:" in trace(hard, rng) or "redo that: Columns:" in trace(hard, rng) for _ in range(200))
 
 
 def test_error_kind_names_the_first_step_that_departs_from_the_working():

@@ -402,7 +402,7 @@ def strategies(as_json: Annotated[bool, typer.Option("--json", help="machine-rea
 
 @data_app.command("preview", cls=_Command)
 def data_preview(domain: Annotated[str, typer.Argument(metavar="DOMAIN", help="a testbed domain (taut data stats lists them), "
-                                                                             "or written:FAMILY (columns, stories, times; written2:FAMILY in format 2)")],
+                                                                             "or written:FAMILY (columns, stories, times; written2:FAMILY, written3:FAMILY in formats 2, 3)")],
                  difficulty: Annotated[int, typer.Option("--difficulty", "-d", metavar="LEVEL")] = 1,
                  n: Annotated[int, typer.Option("-n", metavar="N", help="examples")] = 3,
                  seed: Annotated[int, typer.Option(metavar="SEED")] = 0):

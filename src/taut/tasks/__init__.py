@@ -13,7 +13,8 @@ Task specs in recipes:
     written, written:FAMILY   taut's written arithmetic with an oracle (columns, stories; times held
                               out; written:all = the three) (see taut.tasks.written)
     written2, written2:FAMILY the same problems with their steps in format 2 (every column alike,
-                              stories worked digit by digit)
+                              stories worked digit by digit); written3: format 2 with the columns
+                              named before the first
     reasoning-gym:NAME        a reasoning-gym task; {task: reasoning-gym:NAME, config: …, levels: …}
                               gives its settings (see taut.tasks.reasoning_gym)
 """
@@ -91,6 +92,7 @@ def _written(spec: str, levels: list[int] | None) -> Task:
 register_task("reasoning-gym", _reasoning_gym)
 register_task("written", _written)
 register_task("written2", _written)
+register_task("written3", _written)
 
 
 def load_task(spec: TaskSpec, levels: list[int] | None = None, prompt_limit=None) -> Task:

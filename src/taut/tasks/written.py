@@ -32,12 +32,16 @@ the digits written so far make (one digit put in front of the last line's number
 is a copy, not a reassembly); a subtraction line states the comparison that decides its borrow (`Tens: 603 has 0, 251 has 5. 0 - 0 = 0, less than 5:
 borrow, 10 - 5 = 5. Write 5, borrow 1. So far: 52.`).
 
-Formats (`Written.format`, task kind `written2` for format 2): the same problems, their steps
+Formats (`Written.format`; task kinds `written2`, `written3`): the same problems, their steps
 written otherwise. Format 2 writes every column alike (the last one too: `Write 3, carry 1.`, then
 `Carry: 1. Write 1. So far: 138.` for a carry left over), puts both digits of a borrow comparison
 before its verdict (`0 vs 3: less, borrow, 10 - 3 = 7.`), keeps the zeros of `So far` (`076`), and
 works each story change digit by digit (`65 - 6: ones 5 vs 6: less, borrow, 15 - 6 = 9; tens 6 - 1
-= 5. 65 - 6 = 59.`). `error_kind` names where a response first departs from the working.
+= 5. 65 - 6 = 59.`). Format 3 (`written3`) is format 2 with the columns to work named first
+(`Columns: Ones, Tens, Hundreds.`, in columns and times): with every column written alike, format 2
+leaves nothing that says where a number ends, and a model trained on it stops early on the
+level-1 sums that mix widths (`482 + 5`). `error_kind` names where a response first departs from
+the working.
 
 Grading (`verify`): every `Answer:` line of the response is read (a cut-off response's last,
 unfinished line is not); the response is correct when there is at least one, each holds exactly
@@ -47,7 +51,7 @@ never correct; nothing earns partial credit.
 
 The oracle (`analyze`): the necessary part of a response is, before its first `Answer:` line,
 the first step line of each necessary step (columns and times: the first line labelled with each
-column the problem has; stories: the first k step lines that continue the chain, each starting
+column the problem has, its carry line and, in format 3, its `Columns:` plan; stories: the first k step lines that continue the chain, each starting
 from the previous one's result), and the first answer line.
 Everything else is redundant: a restatement, a re-check of a step, a repeated column, a
 hesitation, and everything after the first answer line. On level 1 of columns and stories no step
@@ -79,7 +83,7 @@ from dataclasses import dataclass
 from taut.tasks.base import BUDGET_INSTRUCTION, Problem, Split, TraceAnalysis, Verdict, check_split, split_of
 
 PREFIX = "written"
-FORMATS = {"written": 1, "written2": 2}         # task kind -> the format its steps are written in (module docstring)
+FORMATS = {"written": 1, "written2": 2, "written3": 3}     # task kind -> the format its steps are written in (module docstring)
 INSTRUCTION = "Think step by step, then give the final answer on its own line as 'Answer: N'."
 COLUMNS = ("Ones", "Tens", "Hundreds", "Thousands", "Ten-thousands", "Hundred-thousands", "Millions")
 DEFAULT_LEVELS = (1, 2, 3, 4)
@@ -87,9 +91,9 @@ MAX_DRAWS = 200_000           # candidate draws per (family, level, split) befor
 
 _ANSWER_LINE = re.compile(r"^[ \t]*(?:\*\*)?answer(?:\*\*)?[ \t]*:(?:\*\*)?(.*)$", re.I | re.M)
 _INTEGER = re.compile(r"0|-?[1-9](?:\d{0,2}(?:,\d{3})+|\d*)")        # no leading zero, thousands commas optional
-_COLUMN_STEP = re.compile(r"^[ \t]*(" + "|".join((*COLUMNS, "Carry")) + r")[ \t]*:", re.M)
+_COLUMN_STEP = re.compile(r"^[ \t]*(" + "|".join((*COLUMNS, "Carry", "Columns")) + r")[ \t]*:", re.M)
 _STORY_STEP = re.compile(r"^[ \t]*(\d+) [+-] \d+ = (\d+)\.?[ \t]*$")
-_STORY_STEP_2 = re.compile(r"^[ \t]*(\d+) ([+-]) (\d+): .*\. \1 \2 \3 = (\d+)\.?[ \t]*$")       # format 2
+_STORY_STEP_2 = re.compile(r"^[ \t]*(\d+) ([+-]) (\d+): .*\. \1 \2 \3 = (\d+)\.?[ \t]*$")       # formats 2 and 3
 
 Counter_ = Callable[[str], int]
 
@@ -204,7 +208,7 @@ def _column_steps(a: int, b: int, op: str, format: int = 1) -> list[str]:
     written digits make so far (the answer is then the last line's, copied). Format 2 writes
     every column alike (its last too: one digit and a carry or borrow, then a `Carry:` line for a
     carry left over), puts both digits of a comparison before its verdict, and keeps the zeros of
-    `So far` (`_so_far`)."""
+    `So far` (`_so_far`); format 3 names the columns first (`_with_plan`)."""
     da, db = _digits(a), _digits(b)
     width = max(len(da), len(db))
     da += [0] * (width - len(da))
@@ -236,9 +240,15 @@ def _column_steps(a: int, b: int, op: str, format: int = 1) -> list[str]:
             tail = f"Write {value}." if last else f"Write {value}, borrow {borrow}."
             out.append(f"{head} {work} {tail} So far: {_so_far(written, format)}.")
             carry = borrow
-    if format == 2 and op == "+" and carry:
+    if format >= 2 and op == "+" and carry:
         out.append(_carry_line(carry, written))
-    return out
+    return _with_plan(out, width, format)
+
+
+def _with_plan(steps: list[str], width: int, format: int) -> list[str]:
+    """Format 3: the columns to work, named before the first (`Columns: Ones, Tens, Hundreds.`), so
+    that where the number ends is written down before it is reached."""
+    return [f"Columns: {', '.join(COLUMNS[:width])}.", *steps] if format >= 3 else steps
 
 
 def _carry_line(carry: int, written: str) -> str:
@@ -263,9 +273,9 @@ def _times_steps(a: int, m: int, format: int = 1) -> list[str]:
         tail = f"Write {total}." if last else f"Write {total % 10}, carry {total // 10}."
         out.append(f"{COLUMNS[i]}: {a} has {d}. {d} × {m} + {carry} = {total}. {tail} So far: {_so_far(written, format)}.")
         carry = total // 10
-    if format == 2 and carry:
+    if format >= 2 and carry:
         out.append(_carry_line(carry, written))
-    return out
+    return _with_plan(out, len(da), format)
 
 
 def _story_step(value: int, op: str, n: int) -> str:
@@ -414,7 +424,7 @@ def analyze(problem: Written, response: str, complete: bool, count: Counter_ = w
                     kept.append(line.strip())
                     value = int(step.group(step.lastindex))
         else:
-            wanted = [step.partition(":")[0] for step in necessary_steps]       # the columns (and a format-2 carry)
+            wanted = [step.partition(":")[0] for step in necessary_steps]       # the columns (a carry line, a plan)
             seen: set[str] = set()
             for line in lines[:first]:
                 label = _COLUMN_STEP.match(line)
@@ -454,6 +464,7 @@ def error_kind(problem: Written, response: str) -> str:
     borrow comparison        a subtraction column decides the borrow the wrong way
     column arithmetic        any other difference inside a column line
     carry line               format 2: the `Carry:` line after the last column wrong or missing
+    column plan              format 3: the `Columns:` line names other columns than the numbers have
     story step               a story step whose result is wrong (its operands read right)
     story operands           a story step that starts from the wrong amount or applies the wrong change
     missing step             fewer step lines than the working needs, each of them right
@@ -474,6 +485,8 @@ def error_kind(problem: Written, response: str) -> str:
             continue
         if want.startswith("Carry:"):
             return "carry line"
+        if want.startswith("Columns:") or got.startswith("Columns:"):
+            return "column plan"
         g, w = _COLUMN_HEAD.match(got), _COLUMN_HEAD.match(want)
         if not g or g.groups() != w.groups():
             return "misread digits"
@@ -514,7 +527,7 @@ def trace(problem: Written, rng: random.Random, mix: Redundancy = Redundancy()) 
         lines.append(problem.restatement(rng))
     for step in problem.steps():
         lines.append(step)
-        if rng.random() < mix.p_recheck:
+        if not step.startswith("Columns:") and rng.random() < mix.p_recheck:     # a plan is not re-checked
             lines.append(rng.choice(("Let me check that step: ", "Checking again: ", "Wait, let me redo that: ")) + step)
     lines.append(answer)
     for _ in range(rng.choices(range(len(mix.rounds)), weights=mix.rounds)[0]):
