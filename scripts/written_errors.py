@@ -18,6 +18,7 @@ import collections
 import json
 from pathlib import Path
 
+from taut.lab.written_start import paired, read_samples
 from taut.tasks.written import error_kind, load
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     problems = {p.id: p.data for p in task.problems("test", args.n, seed=args.seed)}
     counts: dict[tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
-    with args.samples.open() as f:
+    with args.samples.open() as f:                  # every sample: a sampled evaluation has several per problem
         for row in map(json.loads, filter(str.strip, f)):
             cell = (row["domain"], row["difficulty"])
             totals[cell] += 1
@@ -57,17 +58,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def compare(one: Path, other: Path) -> None:
     """Accuracy of two evaluations per family and level on the problems both answered (one sample each)."""
-    def read(path: Path) -> dict[str, dict]:
-        with path.open() as f:
-            return {row["problem_id"]: row for row in map(json.loads, filter(str.strip, f))}
-
-    a, b = read(one), read(other)
-    shared = sorted(a.keys() & b.keys())
-    cells = sorted({(a[i]["domain"], a[i]["difficulty"]) for i in shared})
+    a, b = read_samples(one), read_samples(other)
     print(f"| family / level | problems | {one} | {other} | difference | tokens |")
     print("|---|---|---|---|---|---|")
-    for cell in cells:
-        ids = [i for i in shared if (a[i]["domain"], a[i]["difficulty"]) == cell]
+    for cell, ids in paired(a, b, lambda row: (row["domain"], row["difficulty"])).items():
         acc = [sum(x[i]["correct"] for i in ids) / len(ids) for x in (a, b)]
         tokens = [sum(x[i]["length"] for i in ids) / len(ids) for x in (a, b)]
         print(f"| {cell[0]} / {cell[1]} | {len(ids)} | {acc[0]:.2f} | {acc[1]:.2f} | {100 * (acc[0] - acc[1]):+.1f} pts | "
