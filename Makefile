@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start study-real
+.PHONY: demo test lint test-slow test-verl install clean gpu-check bench bench-quick bench-gate bench-speed bench-speed-real study-arith written-start written3-start study-real
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ study-arith: $(STAMP)
 
 written-start: $(STAMP)
 	$(BIN)/python -m taut.lab.written_start --out runs/written --workers 2 --doc
+
+# The third format's start (docs/smollm2-written3-start.md): its SFT (about 78 minutes on 2 threads), then greedy,
+# forced direct and sampled on 300 test problems per family and level, and 20 steps of correctness-only RL.
+written3-start: $(STAMP)
+	$(BIN)/python -m taut.lab.written_start --out runs/written3 --sft builtin:real/smollm2-written3-sft \
+	    --control builtin:real/smollm2-written3-control --workers 2 --n-sampled 300 --n-rl 100
 
 # The real-model study (recipes/bench-real.yaml, docs/real-models.md): nine methods x three seeds
 # from the SmolLM2 overthinker that `make written-start` builds; cells already under results/real

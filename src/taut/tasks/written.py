@@ -463,7 +463,8 @@ def error_kind(problem: Written, response: str) -> str:
                              reference writes the whole sum there), the carry then lost
     borrow comparison        a subtraction column decides the borrow the wrong way
     column arithmetic        any other difference inside a column line
-    carry line               format 2: the `Carry:` line after the last column wrong or missing
+    carry line               formats 2, 3: the `Carry:` line after the last column wrong or missing (the carry
+                             dropped: `Write 4, carry 1. So far: 489.` then `Answer: 489`)
     column plan              format 3: the `Columns:` line names other columns than the numbers have
     story step               a story step whose result is wrong (its operands read right)
     story operands           a story step that starts from the wrong amount or applies the wrong change
@@ -496,7 +497,9 @@ def error_kind(problem: Written, response: str) -> str:
         if "less" in want and ("not less" in got) != ("not less" in want):
             return "borrow comparison"
         return "column arithmetic"
-    return "missing step" if len(steps) < len(reference) else "steps right"
+    if len(steps) < len(reference):
+        return "carry line" if reference[len(steps)].startswith("Carry:") else "missing step"
+    return "steps right"
 
 
 # ---- SFT traces -----------------------------------------------------------------------------------
